@@ -1,0 +1,115 @@
+"""Bitwise comparison of tensors through integer views, producing `Mismatch` records.
+
+Never `allclose`, never `torch.equal` alone (NaN != NaN) and never `assert_close(rtol=0, atol=0)`
+(it equates +0.0 and -0.0): two tensors are equal here when their bit patterns are equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+# Floating dtypes compared through a same-width integer view.
+_INT_VIEW = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.bool: torch.uint8,
+}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        _INT_VIEW[getattr(torch, _name)] = torch.uint8
+
+
+def int_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The same bytes as an integer tensor (contiguous), so equality means equal bit patterns."""
+    tensor = tensor.detach().contiguous()
+    if tensor.dtype in _INT_VIEW:
+        return tensor.view(_INT_VIEW[tensor.dtype])
+    if tensor.is_complex():
+        return int_view(torch.view_as_real(tensor))
+    if tensor.is_floating_point():
+        raise TypeError(f"no integer view known for {tensor.dtype}")
+    return tensor
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One failed oracle check: what, where, when, how many, and the first difference."""
+
+    oracle: str  # forward-mask | recompute-mask | gradient | live-stream | fresh-randomness
+    subject: str  # site, tensor or stream name
+    iteration: int
+    count: int  # differing elements
+    total: int
+    first_index: Any = None  # index of the first differing element (a tuple for n-d tensors)
+    got: str = ""
+    expected: str = ""
+    detail: str = ""
+
+    def message(self) -> str:
+        """One line in PyTorch's shape: 'Mismatched elements: k / n ... first at index i: ...'."""
+        head = f"{self.oracle} {self.subject} iteration {self.iteration}: "
+        if self.detail and self.count == 0:
+            return head + self.detail
+        pct = 100.0 * self.count / self.total if self.total else 0.0
+        text = head + f"Mismatched elements: {self.count} / {self.total} ({pct:.1f}%)"
+        if self.first_index is not None:
+            text += f", first at index {self.first_index}: got {self.got}, expected {self.expected}"
+        if self.detail:
+            text += f" ({self.detail})"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if isinstance(self.first_index, tuple):
+            data["first_index"] = list(self.first_index)
+        return data
+
+
+def _show(tensor: torch.Tensor, flat_index: int) -> str:
+    """An element as value plus bit pattern for floats (so -0.0 and NaN payloads are visible)."""
+    value = tensor.reshape(-1)[flat_index]
+    if tensor.dtype == torch.bool:
+        return str(bool(value))
+    if tensor.is_floating_point():
+        bits = int(int_view(value.reshape(1)).item())
+        width = tensor.element_size() * 2
+        return f"{value.item()!r} (0x{bits & ((1 << (width * 4)) - 1):0{width}x})"
+    return str(value.item())
+
+
+def _index(shape: torch.Size, flat_index: int) -> Any:
+    if len(shape) <= 1:
+        return flat_index
+    index = []
+    for size in reversed(shape):
+        index.append(flat_index % size)
+        flat_index //= size
+    return tuple(reversed(index))
+
+
+def bitwise_diff(
+    got: torch.Tensor, expected: torch.Tensor, *, oracle: str, subject: str, iteration: int
+) -> Mismatch | None:
+    """None when `got` and `expected` have the same dtype, shape and bits; else a `Mismatch`."""
+    total = expected.numel()
+    if got.dtype != expected.dtype or got.shape != expected.shape:
+        return Mismatch(
+            oracle, subject, iteration, count=total, total=total,
+            detail=f"got {got.dtype}{tuple(got.shape)}, expected {expected.dtype}{tuple(expected.shape)}",
+        )
+    a, b = int_view(got), int_view(expected.to(got.device))
+    differs = (a != b).reshape(-1)
+    count = int(differs.sum().item())
+    if count == 0:
+        return None
+    first = int(differs.nonzero()[0].item())
+    return Mismatch(
+        oracle, subject, iteration, count=count, total=total,
+        first_index=_index(got.shape, first),
+        got=_show(got.detach().cpu(), first), expected=_show(expected.detach().cpu(), first),
+    )

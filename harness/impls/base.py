@@ -1,0 +1,39 @@
+"""The adapter interface every implementation under test provides (DESIGN section 6)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..cases import Case
+from ..checkpoint import RNGStatesTracker
+
+
+class Adapter:
+    """A checkpoint function plus its tracker, as the runner sees them.
+
+    Subclasses set `name` and override `checkpoint`; `make_tracker` and `supports` have defaults.
+    The runner never knows which implementation it runs, and adapters never know about pytest.
+    """
+
+    name: str = "unnamed"
+    description: str = ""
+
+    @property
+    def version(self) -> str | None:
+        """Version of the code under test, for reports and version-aware expectations."""
+        return None
+
+    def make_tracker(self, device: Any) -> Any:
+        """A fresh RNG states tracker for `device` (None where the impl has no tracker concept)."""
+        return RNGStatesTracker(device)
+
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any) -> Any:
+        """Run ``fn(*args)`` as a checkpointed region and return its output."""
+        raise NotImplementedError
+
+    def supports(self, case: Case) -> str | None:
+        """None when the impl can run `case`, else the reason it cannot."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

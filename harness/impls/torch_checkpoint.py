@@ -1,0 +1,38 @@
+"""`torch`: `torch.utils.checkpoint.checkpoint` with the bundled tracker.
+
+It saves the CPU generator and the default generators of its tensor arguments' devices, by value;
+tracker streams are separate generator objects it never sees, so tracked layouts are expected to
+fail (a true finding, recorded in cases/expectations.toml).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.utils.checkpoint
+
+from .base import Adapter
+
+
+class TorchAdapter(Adapter):
+    name = "torch"
+    description = "torch.utils.checkpoint.checkpoint(preserve_rng_state=True)"
+
+    @property
+    def version(self) -> str | None:
+        return torch.__version__
+
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any) -> Any:
+        with warnings.catch_warnings():
+            # A nested reentrant region runs inside its parent's no-grad forward, where torch warns
+            # that no input requires grad; the parent's recompute runs it again with grad.
+            warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
+            return torch.utils.checkpoint.checkpoint(
+                fn, *args, use_reentrant=reentrant, preserve_rng_state=True
+            )
+
+
+def make_torch() -> Adapter:
+    return TorchAdapter()

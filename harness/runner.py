@@ -1,0 +1,161 @@
+"""Run one case for one implementation: reference run, checkpointed run, oracles -> `CaseResult`."""
+
+from __future__ import annotations
+
+import enum
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .cases import Capture, Case, Device, Layout, Mode
+from .compare import Mismatch
+from .oracles import RunRecord, check
+from .streams import preserved_global_rng, snapshot_streams
+from .workload import (
+    FORWARD,
+    GLOBAL_SEED,
+    RECOMPUTE,
+    MaskLog,
+    Tensors,
+    Workload,
+    make_tracker_streams,
+)
+
+ITERATIONS = 2  # K >= 2: the second iteration shows what a leaked stream advance does next
+
+
+class Outcome(str, enum.Enum):
+    PASS = "pass"
+    MISMATCH = "mismatch"
+    ERROR = "error"
+    UNSUPPORTED = "unsupported"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class CaseResult:
+    """The outcome of one case for one impl; `to_dict` is the stable results.jsonl schema."""
+
+    case: Case
+    impl: str
+    outcome: Outcome
+    impl_version: str | None = None
+    reason: str = ""  # why unsupported / skipped
+    error: str = ""  # "Type: message" when the impl raised
+    traceback: str = ""
+    mismatches: list[Mismatch] = field(default_factory=list)
+    duration_s: float = 0.0
+    iterations: int = ITERATIONS
+
+    @property
+    def case_id(self) -> str:
+        return self.case.id
+
+    def summary(self) -> str:
+        """One line per mismatch (or the error / reason), for pytest failures and terminals."""
+        if self.outcome is Outcome.MISMATCH:
+            return "\n".join(m.message() for m in self.mismatches)
+        if self.outcome is Outcome.ERROR:
+            return self.error
+        return self.reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case_id": self.case.id,
+            "impl": self.impl,
+            "impl_version": self.impl_version,
+            **self.case.axis_values(),
+            "outcome": self.outcome.value,
+            "reason": self.reason,
+            "error": self.error,
+            "traceback": self.traceback,
+            "mismatches": [m.to_dict() for m in self.mismatches],
+            "duration_s": round(self.duration_s, 6),
+            "iterations": self.iterations,
+        }
+
+
+def environment_skip(case: Case) -> str | None:
+    """Why this environment cannot run `case`, or None."""
+    if case.device is Device.CUDA and not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    return None
+
+
+def _execute(
+    case: Case,
+    device: torch.device,
+    tensors: Tensors,
+    make_tracker: Callable[[torch.device], Any] | None,
+    checkpoint_with: Callable[[Any], Callable[..., Any]] | None,
+    iterations: int,
+) -> tuple[RunRecord, list[str]]:
+    """One run from fixed initial states: K x (forward, interleaved draws, backward)."""
+    torch.manual_seed(GLOBAL_SEED)  # CPU and every CUDA device
+    tracker = None
+    if case.layout is not Layout.UNTRACKED and make_tracker is not None:
+        tracker = make_tracker(device)
+        make_tracker_streams(tracker, case.layout)
+    x, weights = tensors.fresh_leaves()
+    record = RunRecord(MaskLog())
+    checkpoint = checkpoint_with(tracker) if checkpoint_with else None
+    workload = Workload(case, device, tracker, weights, checkpoint, record.log)
+    for it in range(iterations):
+        record.log.iteration, record.log.phase = it, FORWARD
+        for leaf in (x, *weights.values()):
+            leaf.grad = None
+        loss = workload.forward(x, tensors.loss_weight)
+        workload.interleaved_draws()
+        record.log.phase = RECOMPUTE  # any site drawn from here on is a recompute
+        loss.backward()
+        grads = {"input": x.grad}
+        grads.update({f"weight.{name}": w.grad for name, w in weights.items()})
+        record.grads[it] = {k: (None if g is None else g.detach().clone()) for k, g in grads.items()}
+        record.streams[it] = snapshot_streams(tracker)
+    return record, workload.checkpointed_sites()
+
+
+def run(case: Case, impl: Any, iterations: int = ITERATIONS) -> CaseResult:
+    """Run `case` under `impl` against a non-checkpointed reference; never raises for impl faults.
+
+    The reference and the checkpointed run start from identical RNG states and use the impl's own
+    tracker, so the only difference between them is the checkpoint.  Every global generator is put
+    back as it was afterwards, so cases do not depend on each other.
+    """
+    start = time.perf_counter()
+    version = getattr(impl, "version", None)
+    result = CaseResult(case, impl.name, Outcome.PASS, impl_version=version, iterations=iterations)
+    skip = environment_skip(case)
+    unsupported = None if skip else (getattr(impl, "supports", lambda c: None)(case))
+    if skip or unsupported:
+        result.outcome = Outcome.SKIPPED if skip else Outcome.UNSUPPORTED
+        result.reason = skip or unsupported or ""
+        result.duration_s = time.perf_counter() - start
+        return result
+    device = torch.device(case.device.value)
+    if device.type == "cuda":
+        torch.cuda.init()  # before the RNG inventory, so CUDA generators are part of it
+    reentrant = case.mode is Mode.REENTRANT
+
+    def checkpoint_with(tracker: Any) -> Callable[..., Any]:
+        return lambda fn, *args: impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+
+    try:
+        if case.capture is not Capture.EAGER:
+            raise NotImplementedError(f"capture mode {case.capture.value!r} has no executor yet")
+        with preserved_global_rng():
+            tensors = Tensors.make(case, device)
+            make_tracker = getattr(impl, "make_tracker", None)
+            reference, sites = _execute(case, device, tensors, make_tracker, None, iterations)
+            checkpointed, _ = _execute(case, device, tensors, make_tracker, checkpoint_with, iterations)
+        result.mismatches = check(reference, checkpointed, sites, iterations)
+        result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
+    except Exception as exc:  # an impl that raises is a result, not a harness crash
+        result.outcome = Outcome.ERROR
+        result.error = f"{type(exc).__name__}: {exc}".strip()
+        result.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
+    result.duration_s = time.perf_counter() - start
+    return result

@@ -1,0 +1,120 @@
+"""Stream inventory: value snapshots of every live RNG stream, and their comparison.
+
+A stream is the default generator of a device (``cpu``, ``cuda:0`` ...) or a named tracker stream
+(``tracker:NAME``).  Tracker aliases are part of the inventory: a checkpoint that breaks an alias
+(two names that shared one state object no longer do) is as wrong as one that moves a state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from .checkpoint.generators import device_default_generators
+from .compare import Mismatch, bitwise_diff
+
+
+@dataclass
+class StreamSnapshot:
+    """Stream name -> state value, plus the alias groups of the tracker's names."""
+
+    states: dict[str, torch.Tensor]
+    alias_groups: tuple[tuple[str, ...], ...]
+
+
+def _state_value(value: Any) -> torch.Tensor:
+    """Trackers may hand out state tensors or generator objects; reduce both to a value."""
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    return value.detach().clone()
+
+
+def _device_name(gen: torch.Generator) -> str:
+    device = gen.device
+    if device.type == "cuda":
+        return f"cuda:{device.index if device.index is not None else 0}"
+    return device.type
+
+
+def alias_groups(tracker: Any) -> tuple[tuple[str, ...], ...]:
+    """Groups of tracker names that share one state object (only groups of two or more)."""
+    if tracker is None or not hasattr(tracker, "generator"):
+        return ()
+    groups: dict[int, list[str]] = {}
+    for name in tracker.names():
+        groups.setdefault(id(tracker.generator(name)), []).append(name)
+    return tuple(sorted(tuple(names) for names in groups.values() if len(names) > 1))
+
+
+def snapshot_streams(tracker: Any) -> StreamSnapshot:
+    """Value copies of every live stream: device defaults and each tracker name."""
+    states = {_device_name(gen): gen.get_state() for gen in device_default_generators()}
+    if tracker is not None:
+        for name, value in tracker.get_states().items():
+            states[f"tracker:{name}"] = _state_value(value)
+    return StreamSnapshot(states, alias_groups(tracker))
+
+
+def _state_view(state: torch.Tensor) -> torch.Tensor:
+    # Generator states are byte tensors; an int64 view shows a CUDA state as [seed, offset].
+    flat = state.reshape(-1)
+    if flat.dtype == torch.uint8 and flat.numel() % 8 == 0:
+        return flat.view(torch.int64)
+    return flat
+
+
+def compare_streams(got: StreamSnapshot, expected: StreamSnapshot, iteration: int) -> list[Mismatch]:
+    """Mismatches between two inventories: missing streams, differing values, broken aliases."""
+    out: list[Mismatch] = []
+    for name in sorted(set(got.states) | set(expected.states)):
+        if name not in got.states or name not in expected.states:
+            where = "checkpointed run" if name not in got.states else "reference run"
+            out.append(Mismatch("live-stream", name, iteration, 1, 1, detail=f"missing in {where}"))
+            continue
+        diff = bitwise_diff(
+            _state_view(got.states[name]), _state_view(expected.states[name]),
+            oracle="live-stream", subject=name, iteration=iteration,
+        )
+        if diff is not None:
+            if got.states[name].numel() == 16:
+                diff = _annotate_philox(diff)
+            out.append(diff)
+    if got.alias_groups != expected.alias_groups:
+        out.append(Mismatch(
+            "live-stream", "tracker aliases", iteration, 1, 1,
+            detail=f"alias groups {got.alias_groups}, expected {expected.alias_groups}",
+        ))
+    return out
+
+
+def _annotate_philox(diff: Mismatch) -> Mismatch:
+    part = {0: "seed", 1: "offset"}.get(diff.first_index)  # type: ignore[arg-type]
+    if part is None:
+        return diff
+    return Mismatch(**{**diff.__dict__, "detail": f"index {diff.first_index} is the Philox {part}"})
+
+
+@contextlib.contextmanager
+def preserved_global_rng() -> Iterator[None]:
+    """Put every device default generator back as it was, object and value, on exit.
+
+    A faulty implementation may leave a default generator pointed at another state object (a
+    graph-safe swap it never undid); the handle is restored before the value so the next case
+    starts clean.
+    """
+    gens = device_default_generators()
+    handles = [
+        gen.graphsafe_get_state() if gen.device.type == "cuda" and hasattr(gen, "graphsafe_get_state") else None
+        for gen in gens
+    ]
+    values = [gen.get_state() for gen in gens]
+    try:
+        yield
+    finally:
+        for gen, handle, value in zip(gens, handles, values):
+            if handle is not None:
+                gen.graphsafe_set_state(handle)
+            gen.set_state(value)

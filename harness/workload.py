@@ -1,0 +1,191 @@
+"""The model under test: regions and dropout sites laid out from a `Case`.
+
+Each site multiplies by its own weight and draws a dropout mask with `torch.native_dropout`, which
+returns the mask it drew; the mask is recorded under (iteration, site, phase).  Which stream a site
+draws from follows the case's layout; how regions contain sites and each other follows its nesting.
+The same `Workload` runs the reference (no checkpoint) and the checkpointed run, so the two differ
+only in the checkpoint function passed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
+
+import torch
+
+from .cases import Case, Interleave, Layout, Nesting
+
+SHAPE = (64, 64)  # 4096 elements per mask and per gradient
+DROPOUT_P = 0.5
+GLOBAL_SEED = 1234  # torch.manual_seed for CPU and every CUDA device
+TRACKED_STREAM = "model-parallel"
+SHARED_STREAMS = ("shared-a", "shared-b")  # shared-b is an alias of shared-a
+STREAM_SEEDS = {TRACKED_STREAM: 2718, SHARED_STREAMS[0]: 3141}
+INTERLEAVE_NUMEL = 1000  # per live stream, between forward and backward
+
+FORWARD, RECOMPUTE = "forward", "recompute"
+
+CheckpointFn = Callable[..., Any]  # checkpoint(fn, *args) -> fn(*args), checkpointed
+
+
+@dataclass(frozen=True)
+class Site:
+    """One dropout: its name and the tracker stream it draws from (None: default generator)."""
+
+    name: str
+    stream: str | None
+
+
+@dataclass(frozen=True)
+class Region:
+    """A checkpointed function made of sites and inner regions, in order."""
+
+    name: str
+    items: tuple[Union[Site, "Region"], ...]
+
+    def sites(self) -> list[Site]:
+        out: list[Site] = []
+        for item in self.items:
+            out.extend(item.sites() if isinstance(item, Region) else [item])
+        return out
+
+
+def _stream_for(layout: Layout, index: int) -> str | None:
+    if layout in (Layout.DEFAULT, Layout.UNTRACKED):
+        return None
+    if layout is Layout.TRACKED:
+        return TRACKED_STREAM
+    if layout is Layout.MIXED:
+        return None if index % 2 == 0 else TRACKED_STREAM
+    return SHARED_STREAMS[index % 2]  # Layout.SHARED
+
+
+def plan(case: Case) -> tuple[Region, ...]:
+    """The top-level regions of `case`, with sites numbered s0, s1, ... in execution order."""
+    sites = [Site(f"s{i}", _stream_for(case.layout, i)) for i in range(4)]
+    if case.nesting is Nesting.FLAT:
+        return (Region("r0", (sites[0], sites[1])),)
+    if case.nesting is Nesting.NESTED:
+        inner = Region("r1", (sites[1], sites[2]))
+        return (Region("r0", (sites[0], inner, sites[3])),)
+    return (Region("r0", (sites[0], sites[1])), Region("r1", (sites[2], sites[3])))
+
+
+def make_tracker_streams(tracker: Any, layout: Layout) -> None:
+    """Add the streams a layout uses to a fresh tracker (deterministic seeds)."""
+    if tracker is None:
+        return
+    tracker.add(TRACKED_STREAM, STREAM_SEEDS[TRACKED_STREAM])
+    if layout is Layout.SHARED:
+        tracker.add(SHARED_STREAMS[0], STREAM_SEEDS[SHARED_STREAMS[0]])
+        tracker.add_alias(SHARED_STREAMS[1], SHARED_STREAMS[0])
+
+
+@dataclass
+class Tensors:
+    """Inputs and parameters of one case, made from a private generator (no global RNG used)."""
+
+    x: torch.Tensor
+    weights: dict[str, torch.Tensor]
+    loss_weight: torch.Tensor
+
+    @classmethod
+    def make(cls, case: Case, device: torch.device) -> "Tensors":
+        gen = torch.Generator().manual_seed(0)
+        names = [site.name for region in plan(case) for site in region.sites()]
+
+        def draw() -> torch.Tensor:
+            return (torch.rand(SHAPE, generator=gen) + 0.5).to(device)
+
+        return cls(draw(), {name: draw() for name in names}, draw())
+
+    def fresh_leaves(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """New leaf tensors (requires_grad) with the same values, for one run."""
+        x = self.x.clone().requires_grad_(True)
+        weights = {k: v.clone().requires_grad_(True) for k, v in self.weights.items()}
+        return x, weights
+
+
+@dataclass
+class MaskLog:
+    """Masks by (iteration, site, phase); each key holds every draw in call order."""
+
+    masks: dict[tuple[int, str, str], list[torch.Tensor]] = field(default_factory=dict)
+    iteration: int = 0
+    phase: str = FORWARD  # the runner switches to RECOMPUTE before calling backward
+
+    def record(self, site: str, mask: torch.Tensor) -> None:
+        key = (self.iteration, site, self.phase)
+        self.masks.setdefault(key, []).append(mask.detach().clone())
+
+
+class Workload:
+    """Builds the forward of one case around a checkpoint function (or none, for the reference)."""
+
+    def __init__(
+        self,
+        case: Case,
+        device: torch.device,
+        tracker: Any,
+        weights: dict[str, torch.Tensor],
+        checkpoint: CheckpointFn | None,
+        log: MaskLog,
+    ) -> None:
+        self.case, self.device, self.tracker = case, device, tracker
+        self.weights, self.checkpoint, self.log = weights, checkpoint, log
+        self.regions = plan(case)
+
+    def _stream(self, site: Site) -> contextlib.AbstractContextManager:
+        if site.stream is None:
+            return contextlib.nullcontext()
+        return self.tracker.fork(site.stream)
+
+    def _site(self, site: Site, h: torch.Tensor) -> torch.Tensor:
+        with self._stream(site):
+            h, mask = torch.native_dropout(h, DROPOUT_P, True)
+        self.log.record(site.name, mask)
+        # The weight comes after the record on purpose: a non-reentrant recompute may stop early
+        # once the last saved tensor is rebuilt (torch's early stop), and this multiply is what
+        # saves last, so every drawn mask is recorded before the stop.
+        return h * self.weights[site.name]
+
+    def _region_fn(self, region: Region) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(h: torch.Tensor) -> torch.Tensor:
+            for item in region.items:
+                h = self._call(item, h) if isinstance(item, Region) else self._site(item, h)
+            return h
+
+        return run
+
+    def _call(self, region: Region, h: torch.Tensor) -> torch.Tensor:
+        fn = self._region_fn(region)
+        return fn(h) if self.checkpoint is None else self.checkpoint(fn, h)
+
+    def forward(self, x: torch.Tensor, loss_weight: torch.Tensor) -> torch.Tensor:
+        """The scalar loss of one forward pass through every region."""
+        h = x
+        for region in self.regions:
+            h = self._call(region, h)
+        return (h * loss_weight).sum()
+
+    def interleaved_draws(self) -> None:
+        """Draw from every live stream, as other micro-batches would between forward and backward."""
+        if self.case.interleave is Interleave.NONE:
+            return
+        torch.rand(INTERLEAVE_NUMEL)  # the CPU generator
+        if self.device.type == "cuda":
+            torch.rand(INTERLEAVE_NUMEL, device=self.device)
+        if self.tracker is not None:
+            for name in self.tracker.names():
+                with self.tracker.fork(name):
+                    torch.rand(INTERLEAVE_NUMEL, device=self.device)
+
+    def checkpointed_sites(self) -> list[str]:
+        """Names of the sites inside a checkpointed region (all of them, in this workload)."""
+        return [site.name for region in self.regions for site in region.sites()]
+
+    def site_streams(self) -> dict[str, str | None]:
+        """Site name -> tracker stream name (None: the default generator)."""
+        return {site.name: site.stream for region in self.regions for site in region.sites()}
