@@ -1,0 +1,9 @@
+"""The case matrix: every valid case for every implementation named by --impl.
+
+Ids read ``<impl>-<mode>-<layout>-<capture>-<nesting>-<interleave>-<device>``, so
+``pytest cases -k "torch and tracked and eager"`` selects what it says.
+"""
+
+
+def test_case(harness_case, harness_run):
+    harness_run(harness_case)

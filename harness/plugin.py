@@ -1,0 +1,152 @@
+"""The pytest plugin: options, the case matrix, expectations as strict xfail, and the report.
+
+Loaded by the repository's conftest.py.  Test functions that take the `harness_case` fixture are
+parametrized over (impl x case); each runs `runner.run` and maps the outcome to pytest:
+pass -> passed; mismatch and error -> failed with the mismatch lines; unsupported and skipped ->
+skipped with the reason.  The result record rides on `item.user_properties`, which pytest-xdist
+ships from workers to the controller, so the controller alone writes one report for the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import expectations as expectations_mod
+from . import impls
+from . import report as reporting
+from .cases import CaseError, Case, generate
+from .runner import Outcome, run
+
+RESULT_PROPERTY = "harness_result"
+
+
+@dataclass(frozen=True)
+class HarnessCase:
+    """One parameter of the matrix: an impl name and a case."""
+
+    impl: str
+    case: Case
+
+    @property
+    def id(self) -> str:
+        return f"{self.impl}-{self.case.id}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "checkpoint RNG harness")
+    group.addoption("--impl", action="append", default=[], metavar="NAME",
+                    help="implementation(s) under test: a registered name or package.module:factory; "
+                         "repeatable or comma-separated; 'all' = every shipped impl (default: bundled)")
+    group.addoption("--device", default="auto", metavar="DEV",
+                    help="auto (cuda if available, else cpu), cpu, cuda, or a comma list")
+    group.addoption("--report-dir", default=None, metavar="DIR",
+                    help="where the report goes (default: reports/<timestamp>-<pid>)")
+    group.addoption("--expectations", default=None, metavar="FILE",
+                    help="expected-failures file (default: cases/expectations.toml)")
+
+
+def resolve_devices(value: str) -> list[str]:
+    """Turn the --device option into device type names; 'auto' picks cuda when available."""
+    import torch
+
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    out: list[str] = []
+    for name in names or ["auto"]:
+        if name == "auto":
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        if name not in ("cpu", "cuda"):
+            raise CaseError(f"unknown device {name!r}; valid values: auto, cpu, cuda")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        names = impls.parse_impl_names(config.getoption("impl"))
+        config._harness_impls = {name: impls.load(name) for name in names}  # type: ignore[attr-defined]
+        config._harness_devices = resolve_devices(config.getoption("device"))  # type: ignore[attr-defined]
+        entries = expectations_mod.load(config.getoption("expectations"))
+    except (impls.ImplError, CaseError, expectations_mod.ExpectationError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config._harness_expectations = entries  # type: ignore[attr-defined]
+    config.pluginmanager.register(ReportCollector(config), "harness-report")
+    all_ids = [case.id for case in generate()]
+    for entry in expectations_mod.unmatched(entries, all_ids):
+        config.issue_config_time_warning(
+            pytest.PytestWarning(f"expectation matches no case: {entry.describe()}"), stacklevel=2
+        )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "harness_case" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    params = []
+    for impl_name in config._harness_impls:  # type: ignore[attr-defined]
+        for case in generate(device=config._harness_devices):  # type: ignore[attr-defined]
+            param = HarnessCase(impl_name, case)
+            entry = expectations_mod.find(config._harness_expectations, impl_name, case.id)  # type: ignore[attr-defined]
+            marks = [pytest.mark.xfail(strict=True, reason=entry.reason)] if entry else []
+            params.append(pytest.param(param, id=param.id, marks=marks))
+    metafunc.parametrize("harness_case", params)
+
+
+@pytest.fixture
+def harness_run(request: pytest.FixtureRequest):
+    """Run a `HarnessCase`, attach its record to the test, and map the outcome to pytest."""
+
+    def run_case(param: HarnessCase) -> None:
+        config = request.config
+        adapter = config._harness_impls[param.impl]  # type: ignore[attr-defined]
+        result = run(param.case, adapter)
+        entry = expectations_mod.find(config._harness_expectations, param.impl, param.case.id)  # type: ignore[attr-defined]
+        record = reporting.annotate(result.to_dict(), entry)
+        record["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        request.node.user_properties.append((RESULT_PROPERTY, json.dumps(record)))
+        if result.outcome in (Outcome.UNSUPPORTED, Outcome.SKIPPED):
+            pytest.skip(f"{result.outcome.value}: {result.reason}")
+        if result.outcome in (Outcome.MISMATCH, Outcome.ERROR):
+            head = f"{param.impl} {param.case.id}: {result.outcome.value}"
+            pytest.fail(f"{head}\n{result.summary()}", pytrace=False)
+
+    return run_case
+
+
+class ReportCollector:
+    """Collects result records where the report is written (the xdist controller or a lone run)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        self.line = ""
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == RESULT_PROPERTY:
+                record = json.loads(value)
+                self.records.setdefault((record["impl"], record["case_id"]), record)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(self.config, "workerinput") or not self.records:
+            return  # xdist workers ship records to the controller, which writes the report
+        option = self.config.getoption("report_dir")
+        target = Path(option) if option else reporting.default_report_dir(self.config.rootpath / "reports")
+        try:
+            written = reporting.write(list(self.records.values()), target)
+        except reporting.ReportError as exc:
+            self.line = f"harness report NOT written: {exc}"
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+            return
+        self.line = f"harness report: {written} ({len(self.records)} cases)"
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.line:
+            terminalreporter.write_line(self.line)
