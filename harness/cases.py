@@ -145,7 +145,7 @@ def _as_values(axis: str, wanted: object) -> list[enum.Enum]:
         items: Iterable[object] = str(wanted).split(",") if isinstance(wanted, str) else [wanted]
     else:
         items = wanted  # type: ignore[assignment]
-    values = [parse_value(axis, item) for item in items if str(item).strip()]
+    values = list(dict.fromkeys(parse_value(axis, item) for item in items if str(item).strip()))
     if not values:
         raise CaseError(f"empty filter for {axis}; valid values: {_valid_values(axis)}")
     return values
@@ -163,6 +163,10 @@ def generate(**filters: object) -> Iterator[Case]:
         choices[axis] = list(enum_type) if wanted is None else _as_values(axis, wanted)
     if filters:
         raise CaseError(f"unknown axis {sorted(filters)[0]!r}; axes are: {', '.join(AXES)}")
+    return _valid_cases(choices)  # filters are checked above, before the first case is asked for
+
+
+def _valid_cases(choices: dict[str, list[enum.Enum]]) -> Iterator[Case]:
     for combo in itertools.product(*choices.values()):
         case = Case(**dict(zip(choices, combo)))  # type: ignore[arg-type]
         if invalid_reason(case) is None:

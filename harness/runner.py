@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import torch
 
-from .cases import Capture, Case, Device, Layout, Mode
+from .capture import execute
+from .cases import Case, Device, Interleave, Layout, Mode
 from .compare import Mismatch
 from .oracles import RunRecord, check
 from .streams import preserved_global_rng, snapshot_streams
@@ -85,37 +86,83 @@ def environment_skip(case: Case) -> str | None:
     return None
 
 
-def _execute(
-    case: Case,
-    device: torch.device,
-    tensors: Tensors,
-    make_tracker: Callable[[torch.device], Any] | None,
-    checkpoint_with: Callable[[Any], Callable[..., Any]] | None,
-    iterations: int,
-) -> tuple[RunRecord, list[str]]:
-    """One run from fixed initial states: K x (forward, interleaved draws, backward)."""
-    torch.manual_seed(GLOBAL_SEED)  # CPU and every CUDA device
-    tracker = None
-    if case.layout is not Layout.UNTRACKED and make_tracker is not None:
-        tracker = make_tracker(device)
-        make_tracker_streams(tracker, case.layout)
-    x, weights = tensors.fresh_leaves()
-    record = RunRecord(MaskLog())
-    checkpoint = checkpoint_with(tracker) if checkpoint_with else None
-    workload = Workload(case, device, tracker, weights, checkpoint, record.log)
-    for it in range(iterations):
-        record.log.iteration, record.log.phase = it, FORWARD
-        for leaf in (x, *weights.values()):
+class NoTracker(Exception):
+    """The impl has no tracker, and the case's layout needs one: the case is unsupported."""
+
+
+class RunSession:
+    """One run (reference or checkpointed) of a case, as the executors in `capture` drive it."""
+
+    def __init__(
+        self,
+        case: Case,
+        device: torch.device,
+        tensors: Tensors,
+        make_tracker: Callable[[torch.device], Any] | None,
+        checkpoint_with: Callable[[Any], Callable[..., Any]] | None,
+    ) -> None:
+        self.case, self.tensors = case, tensors
+        torch.manual_seed(GLOBAL_SEED)  # CPU and every CUDA device
+        self.tracker = None
+        if case.layout is not Layout.UNTRACKED and make_tracker is not None:
+            self.tracker = make_tracker(device)
+            if self.tracker is None:
+                raise NoTracker(f"layout {case.layout.value!r} needs a tracker; this impl has none")
+            make_tracker_streams(self.tracker, case.layout)
+        self.initial_tracker_states = self.tracker.get_states() if self.tracker is not None else {}
+        self.x, self.weights = tensors.fresh_leaves()
+        self.record = RunRecord(MaskLog())
+        checkpoint = checkpoint_with(self.tracker) if checkpoint_with else None
+        self.workload = Workload(case, device, self.tracker, self.weights, checkpoint, self.record.log)
+
+    def reseed(self) -> None:
+        """Put every stream back to the run's initial state, in place (graph registrations hold)."""
+        torch.manual_seed(GLOBAL_SEED)
+        if self.tracker is not None:
+            self.tracker.set_states(self.initial_tracker_states)
+
+    def generators(self) -> list[torch.Generator]:
+        return self.tracker.generators() if self.tracker is not None and hasattr(self.tracker, "generators") else []
+
+    def begin_iteration(self, iteration: int) -> None:
+        self.record.log.start(iteration)
+
+    def clear_grads(self) -> None:
+        for leaf in (self.x, *self.weights.values()):
             leaf.grad = None
-        loss = workload.forward(x, tensors.loss_weight)
-        workload.interleaved_draws()
-        record.log.phase = RECOMPUTE  # any site drawn from here on is a recompute
+
+    def forward(self) -> torch.Tensor:
+        self.record.log.phase = FORWARD
+        return self.workload.forward(self.x, self.tensors.loss_weight)
+
+    def between(self, include_cpu: bool) -> None:
+        self.workload.interleaved_draws(include_cpu=include_cpu)
+
+    def draws_between(self) -> bool:
+        return self.case.interleave is not Interleave.NONE
+
+    def between_cpu(self) -> None:
+        self.workload.interleaved_draws(include_cpu=True, include_device=False)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.record.log.phase = RECOMPUTE  # any site drawn from here on is a recompute
         loss.backward()
-        grads = {"input": x.grad}
-        grads.update({f"weight.{name}": w.grad for name, w in weights.items()})
-        record.grads[it] = {k: (None if g is None else g.detach().clone()) for k, g in grads.items()}
-        record.streams[it] = snapshot_streams(tracker)
-    return record, workload.checkpointed_sites()
+
+    def collect(self, iteration: int) -> None:
+        """Copy this iteration's masks, gradients and stream states out of (static) buffers."""
+        self.record.log.harvest(iteration)
+        grads = {"input": self.x.grad}
+        grads.update({f"weight.{name}": w.grad for name, w in self.weights.items()})
+        self.record.grads[iteration] = {
+            k: (None if g is None else g.detach().clone()) for k, g in grads.items()
+        }
+        self.record.streams[iteration] = snapshot_streams(self.tracker)
+
+
+def _execute(case: Case, iterations: int, *args: Any) -> tuple[RunRecord, list[str]]:
+    session = RunSession(case, *args)
+    execute(case.capture, session, iterations)
+    return session.record, session.workload.checkpointed_sites()
 
 
 def run(case: Case, impl: Any, iterations: int = ITERATIONS) -> CaseResult:
@@ -144,15 +191,15 @@ def run(case: Case, impl: Any, iterations: int = ITERATIONS) -> CaseResult:
         return lambda fn, *args: impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
 
     try:
-        if case.capture is not Capture.EAGER:
-            raise NotImplementedError(f"capture mode {case.capture.value!r} has no executor yet")
         with preserved_global_rng():
             tensors = Tensors.make(case, device)
             make_tracker = getattr(impl, "make_tracker", None)
-            reference, sites = _execute(case, device, tensors, make_tracker, None, iterations)
-            checkpointed, _ = _execute(case, device, tensors, make_tracker, checkpoint_with, iterations)
+            reference, sites = _execute(case, iterations, device, tensors, make_tracker, None)
+            checkpointed, _ = _execute(case, iterations, device, tensors, make_tracker, checkpoint_with)
         result.mismatches = check(reference, checkpointed, sites, iterations)
         result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
+    except NoTracker as exc:
+        result.outcome, result.reason = Outcome.UNSUPPORTED, str(exc)
     except Exception as exc:  # an impl that raises is a result, not a harness crash
         result.outcome = Outcome.ERROR
         result.error = f"{type(exc).__name__}: {exc}".strip()

@@ -110,15 +110,35 @@ class Tensors:
 
 @dataclass
 class MaskLog:
-    """Masks by (iteration, site, phase); each key holds every draw in call order."""
+    """Masks by (iteration, site, phase); each key holds every draw in call order.
+
+    Eagerly, `record` files a copy under the current iteration.  Under CUDA-graph capture the copy
+    is a tensor of the graph's pool that every replay rewrites, so the runner calls `harvest(it)`
+    after each replay to copy the captured buffers out under iteration `it`.
+    """
 
     masks: dict[tuple[int, str, str], list[torch.Tensor]] = field(default_factory=dict)
     iteration: int = 0
     phase: str = FORWARD  # the runner switches to RECOMPUTE before calling backward
+    captured: dict[tuple[str, str], list[torch.Tensor]] = field(default_factory=dict)
+
+    def start(self, iteration: int) -> None:
+        """Begin an iteration; a negative one (warm-up or capture) is not kept as a result."""
+        self.iteration, self.phase = iteration, FORWARD
+        if iteration < 0:
+            self.captured = {}
 
     def record(self, site: str, mask: torch.Tensor) -> None:
-        key = (self.iteration, site, self.phase)
-        self.masks.setdefault(key, []).append(mask.detach().clone())
+        copy = mask.detach().clone()
+        if self.iteration < 0:
+            self.captured.setdefault((site, self.phase), []).append(copy)
+        else:
+            self.masks.setdefault((self.iteration, site, self.phase), []).append(copy)
+
+    def harvest(self, iteration: int) -> None:
+        """File the captured buffers' current contents under `iteration` (after a replay)."""
+        for (site, phase), buffers in self.captured.items():
+            self.masks[(iteration, site, phase)] = [b.clone() for b in buffers]
 
 
 class Workload:
@@ -170,11 +190,18 @@ class Workload:
             h = self._call(region, h)
         return (h * loss_weight).sum()
 
-    def interleaved_draws(self) -> None:
-        """Draw from every live stream, as other micro-batches would between forward and backward."""
+    def interleaved_draws(self, include_cpu: bool = True, include_device: bool = True) -> None:
+        """Draw from every live stream, as other micro-batches would between forward and backward.
+
+        `include_cpu` is False inside a CUDA graph, where a CPU draw would run once at capture
+        instead of at every replay; `include_device` False draws from the CPU generator only.
+        """
         if self.case.interleave is Interleave.NONE:
             return
-        torch.rand(INTERLEAVE_NUMEL)  # the CPU generator
+        if include_cpu:
+            torch.rand(INTERLEAVE_NUMEL)  # the CPU generator
+        if not include_device:
+            return
         if self.device.type == "cuda":
             torch.rand(INTERLEAVE_NUMEL, device=self.device)
         if self.tracker is not None:

@@ -11,9 +11,13 @@ from typing import Any, Callable
 
 import torch
 
-from .rng import RNGPolicy, ValuePolicy
+from .rng import CAPTURE_STRATEGIES, RNGPolicy, ValuePolicy, _capturing
+from .stash import RNGStash
 
 VALUE_POLICY = ValuePolicy()
+_POLICIES = {name: ValuePolicy() for name in CAPTURE_STRATEGIES}
+for _name, _policy in _POLICIES.items():
+    _policy.capture_strategy = _name
 
 
 def checkpoint(
@@ -21,14 +25,21 @@ def checkpoint(
     *args: Any,
     reentrant: bool = False,
     tracker: Any = None,
-    policy: RNGPolicy = VALUE_POLICY,
+    policy: RNGPolicy | None = None,
+    capture_strategy: str = "auto",
 ) -> Any:
     """Run ``fn(*args)`` as a checkpointed region; its activations are recomputed in backward.
 
     The recompute draws exactly the forward's random numbers from every live stream (CPU, each
     CUDA device, each stream of `tracker`), and afterwards every stream holds the value it had just
-    before the recompute.
+    before the recompute.  Under CUDA-graph capture, `capture_strategy` picks how: 'auto' and
+    'stash' keep the region's RNG outputs and hand them back (sound across separate graphs);
+    'values' rewinds capture-relative states (sound only within one graph).
     """
+    if policy is None:
+        if capture_strategy not in _POLICIES:
+            raise ValueError(f"unknown capture_strategy {capture_strategy!r}; valid: {', '.join(CAPTURE_STRATEGIES)}")
+        policy = _POLICIES[capture_strategy]
     if reentrant:
         return _ReentrantCheckpoint.apply(fn, policy, tracker, *args)
     return _checkpoint_with_hooks(fn, args, policy, tracker)
@@ -40,6 +51,27 @@ def _detached(args: tuple[Any, ...]) -> tuple[Any, ...]:
         a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
         for a in args
     )
+
+
+class _RegionRNG:
+    """A region's RNG record: its value snapshot and, under capture, its kept RNG outputs."""
+
+    def __init__(self, policy: RNGPolicy, tracker: Any) -> None:
+        self.policy = policy
+        self.stash = RNGStash() if _capturing() and policy.stash_under_capture() else None
+        self.snapshot = None if self.stash is not None else policy.snapshot(tracker)
+
+    def forward(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        if self.stash is None:
+            return fn(*args)
+        with self.stash:
+            return fn(*args)
+
+    def recompute(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        if self.stash is not None:  # no redraw: the forward's RNG outputs come back in order
+            with torch.enable_grad(), self.stash.replay():
+                return fn(*args)
+        return _recompute(fn, args, self.policy, self.snapshot)
 
 
 def _recompute(fn: Callable[..., Any], args: tuple[Any, ...], policy: RNGPolicy, snap: Any) -> Any:
@@ -55,13 +87,13 @@ def _recompute(fn: Callable[..., Any], args: tuple[Any, ...], policy: RNGPolicy,
 class _ReentrantCheckpoint(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, policy, tracker, *args):  # type: ignore[override]
-        ctx.fn, ctx.policy = fn, policy
-        ctx.rng = policy.snapshot(tracker)
+        ctx.fn = fn
+        ctx.rng = _RegionRNG(policy, tracker)
         ctx.tensor_slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         ctx.plain_args = [None if isinstance(a, torch.Tensor) else a for a in args]
         ctx.save_for_backward(*(args[i] for i in ctx.tensor_slots))
         with torch.no_grad():
-            return fn(*args)
+            return ctx.rng.forward(fn, args)
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
@@ -69,7 +101,7 @@ class _ReentrantCheckpoint(torch.autograd.Function):
         for slot, tensor in zip(ctx.tensor_slots, ctx.saved_tensors):
             args[slot] = tensor
         inputs = _detached(tuple(args))
-        outputs = _recompute(ctx.fn, inputs, ctx.policy, ctx.rng)
+        outputs = ctx.rng.recompute(ctx.fn, inputs)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         pairs = [
             (out, grad)
@@ -85,8 +117,11 @@ class _ReentrantCheckpoint(torch.autograd.Function):
 class _HookFrame:
     """One non-reentrant region: its inputs, RNG snapshot and (after recompute) saved tensors."""
 
-    def __init__(self, fn, args, policy, rng) -> None:
-        self.fn, self.args, self.policy, self.rng = fn, args, policy, rng
+    def __init__(self, fn, args, rng: _RegionRNG) -> None:
+        # Keep the inputs' values, not the tensors: a tensor with a grad_fn would tie this frame
+        # into the autograd graph whose hooks point back at it, a cycle through C++ nodes that
+        # Python's garbage collector cannot free (a leak of every region's inputs).
+        self.fn, self.args, self.rng = fn, _detached(args), rng
         self.packed = 0
         self.recomputed: dict[int, torch.Tensor] | None = None
 
@@ -104,11 +139,11 @@ class _HookFrame:
         saved: dict[int, torch.Tensor] = {}
 
         def keep(tensor: torch.Tensor) -> torch.Tensor:
-            saved[len(saved)] = tensor
+            saved[len(saved)] = tensor.detach()  # the value only: no tie to the recompute graph
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-            _recompute(self.fn, _detached(self.args), self.policy, self.rng)
+            self.rng.recompute(self.fn, _detached(self.args))  # fresh leaves per recompute
         if len(saved) != self.packed:
             raise RuntimeError(
                 f"checkpoint recompute saved {len(saved)} tensors, forward saved {self.packed}: "
@@ -118,6 +153,6 @@ class _HookFrame:
 
 
 def _checkpoint_with_hooks(fn, args, policy, tracker):
-    frame = _HookFrame(fn, args, policy, policy.snapshot(tracker))
+    frame = _HookFrame(fn, args, _RegionRNG(policy, tracker))
     with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
-        return fn(*args)
+        return frame.rng.forward(fn, args)

@@ -43,6 +43,10 @@ class StateValues:
             gen.set_state(value)
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def live_generators(tracker: Any) -> list[torch.Generator]:
     """Every live generator a region may draw from: device defaults plus the tracker's streams."""
     gens = device_default_generators()
@@ -51,8 +55,31 @@ def live_generators(tracker: Any) -> list[torch.Generator]:
     return unique(gens)
 
 
+CAPTURE_STRATEGIES = ("auto", "stash", "values")
+
+
+class CaptureStrategyError(RuntimeError):
+    """No sound strategy applies under capture; names the API that is missing."""
+
+
 class RNGPolicy:
-    """Interface of the three RNG moments of a checkpoint (see module docstring)."""
+    """Interface of the three RNG moments of a checkpoint (see module docstring).
+
+    Under CUDA-graph capture the policy also decides whether the region keeps its RNG outputs
+    (`stash_under_capture`), in which case the recompute replays them and no rewind happens.
+    """
+
+    capture_strategy = "auto"
+
+    def stash_under_capture(self) -> bool:
+        """True when a region captured now should keep its RNG outputs instead of redrawing.
+
+        'values' rewinds with capture-relative `get_state`/`set_state` (torch >= 2.10): right when
+        forward and recompute share one graph, wrong across separate graphs.  'stash' never
+        redraws and is sound in both.  'auto' picks 'stash', the strategy that is sound whichever
+        graph the recompute lands in.
+        """
+        return self.capture_strategy in ("auto", "stash")
 
     def snapshot(self, tracker: Any) -> Any:
         raise NotImplementedError
@@ -72,11 +99,23 @@ class ValuePolicy(RNGPolicy):
         return live_generators(tracker)
 
     def snapshot(self, tracker: Any) -> StateValues:
-        return StateValues.take(self.generators(tracker))
+        try:
+            return StateValues.take(self.generators(tracker))
+        except RuntimeError as exc:
+            if not _capturing():
+                raise
+            raise CaptureStrategyError(
+                "capture strategy 'values' needs Generator.get_state during CUDA graph capture "
+                f"(torch >= 2.10); this build raised: {exc}"
+            ) from None
 
     def rewind(self, snapshot: StateValues) -> StateValues:
         before = StateValues.take(snapshot.generators)
-        snapshot.write_back()
+        try:
+            snapshot.write_back()
+        except Exception:
+            before.write_back()  # leave no generator half-rewound
+            raise
         return before
 
     def restore(self, token: StateValues) -> None:

@@ -22,6 +22,7 @@ BUILTIN: dict[str, str] = {
     "neg-no-restore": "harness.impls.negative:make_no_restore",
     "neg-ignore-tracker": "harness.impls.negative:make_ignore_tracker",
     "neg-no-rewind": "harness.impls.negative:make_no_rewind",
+    "neg-host-values": "harness.impls.negative:make_host_values",
 }
 NEGATIVE_CONTROLS = tuple(name for name in BUILTIN if name.startswith("neg-"))
 
@@ -46,10 +47,12 @@ def _import_factory(path: str) -> Callable[[], Adapter]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ImplError(f"cannot import {module_name!r} for implementation {path!r}: {exc}") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ImplError(f"module {module_name!r} has no attribute {attr!r}") from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise ImplError(f"module {module_name!r} has no attribute {attr!r}")
+    if not callable(factory):
+        raise ImplError(f"{path} is a {type(factory).__name__}, not a factory function")
+    return factory
 
 
 def load(name: str) -> Adapter:
@@ -63,7 +66,10 @@ def load(name: str) -> Adapter:
         raise ImplError(f"unknown implementation {name!r}; known: {', '.join(sorted(known))} "
                         "(or give package.module:factory)")
     factory = _import_factory(path)
-    adapter = factory()
+    try:
+        adapter = factory()
+    except Exception as exc:  # a broken third-party factory is bad input, not a harness crash
+        raise ImplError(f"factory {path} raised {type(exc).__name__}: {exc}") from None
     if not isinstance(adapter, Adapter) and not callable(getattr(adapter, "checkpoint", None)):
         raise ImplError(f"{path} did not return an adapter (got {type(adapter).__name__})")
     if not getattr(adapter, "name", None) or getattr(adapter, "name") == "unnamed":

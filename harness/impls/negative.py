@@ -77,6 +77,8 @@ class NoRewindPolicy(ValuePolicy):
 
 
 def _control(name: str, policy: ValuePolicy, description: str) -> Adapter:
+    # Under capture the controls rewind with values too, so their bug is exercised in graphs.
+    policy.capture_strategy = "values"
     adapter = BundledAdapter()
     adapter.name, adapter.policy, adapter.description = name, policy, description
     return adapter
@@ -92,6 +94,13 @@ def make_no_restore() -> Adapter:
 
 def make_ignore_tracker() -> Adapter:
     return _control("neg-ignore-tracker", IgnoreTrackerPolicy(), "ignores tracker streams")
+
+
+def make_host_values() -> Adapter:
+    return _control(
+        "neg-host-values", ValuePolicy(),
+        "rewinds with capture-relative host-side values: right in one graph, wrong across separate graphs",
+    )
 
 
 def make_no_rewind() -> Adapter:

@@ -1,0 +1,65 @@
+"""Not redrawing: keep the outputs of a region's RNG ops from forward, hand them back in recompute.
+
+This is the capture strategy that is sound across separate CUDA graphs on any torch with CUDA
+graphs: the backward graph's Philox base offset is not the forward's, so no host-side rewind can
+line a redraw up with the forward, but returning the forward's outputs needs no RNG at all.  Under
+capture the kept outputs are tensors of the forward graph's pool, rewritten by every forward
+replay.  Memory: one copy of each RNG op's outputs (for dropout, its output and mask).
+
+Every op tagged `nondeterministic_seeded` (dropout, bernoulli, rand, randn, ...) is intercepted by
+a `TorchDispatchMode`, below autograd, so autograd records the op as usual with the kept outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+
+def _is_seeded(func: Any) -> bool:
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+
+
+def _is_inplace(func: Any) -> bool:
+    # torch.Tag.inplace is recent; the schema name ("aten::bernoulli_") says it on every version.
+    return func._schema.name.endswith("_")
+
+
+def _copy(value: Any) -> Any:
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, value)
+
+
+class RNGStash(TorchDispatchMode):
+    """Records seeded ops' outputs (`recording`) or returns them in order (`replaying`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[tuple[str, Any]] = []
+        self.replaying = False
+        self.cursor = 0
+
+    def replay(self) -> "RNGStash":
+        """Switch to handing back the recorded outputs, from the first."""
+        self.replaying, self.cursor = True, 0
+        return self
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if not _is_seeded(func):
+            return func(*args, **kwargs)
+        if not self.replaying:
+            out = func(*args, **kwargs)
+            self.outputs.append((str(func), _copy(out)))
+            return out
+        if self.cursor >= len(self.outputs):
+            raise RuntimeError(f"checkpoint recompute drew more RNG ops than its forward ({func})")
+        name, kept = self.outputs[self.cursor]
+        self.cursor += 1
+        if name != str(func):
+            raise RuntimeError(f"checkpoint recompute drew {func} where its forward drew {name}")
+        if _is_inplace(func):
+            return args[0].copy_(kept)
+        return _copy(kept)

@@ -1,0 +1,242 @@
+"""Finding implementations: built-in names, import paths, user errors, third-party adapters, and
+how the runner reports an adapter that passes, raises or declines a case."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from harness import impls, runner
+from harness.cases import parse_case_id
+from harness.impls import BUILTIN, NEGATIVE_CONTROLS, ImplError, load, parse_impl_names
+from harness.impls.bundled import BundledAdapter
+from harness.runner import Outcome
+
+CASE = parse_case_id("nonreentrant-mixed-eager-nested-draws-cpu")
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_every_builtin_name_loads_with_that_name(name):
+    adapter = load(name)
+    assert adapter.name == name
+    assert callable(adapter.checkpoint)
+
+
+def test_negative_controls_are_the_neg_builtins():
+    assert set(NEGATIVE_CONTROLS) == {n for n in BUILTIN if n.startswith("neg-")}
+    assert len(NEGATIVE_CONTROLS) >= 3
+
+
+def test_module_factory_path_loads():
+    adapter = load("harness.impls.bundled:make_bundled")
+    assert isinstance(adapter, BundledAdapter)
+    assert adapter.name == "bundled"
+
+
+def test_each_load_builds_a_fresh_adapter():
+    assert load("bundled") is not load("bundled")
+
+
+def test_unknown_name_lists_known_names():
+    with pytest.raises(ImplError) as excinfo:
+        load("nonesuch")
+    message = str(excinfo.value)
+    assert "nonesuch" in message
+    for name in BUILTIN:
+        assert name in message
+    assert "package.module:factory" in message
+
+
+@pytest.mark.parametrize(
+    "path, fragment",
+    [
+        ("nope.module:x", "cannot import 'nope.module'"),
+        ("harness.impls.bundled:missing", "no attribute 'missing'"),
+        ("noseparator", "unknown implementation 'noseparator'"),
+        (":factory", "bad implementation path"),
+        ("harness.impls.bundled:", "bad implementation path"),
+    ],
+)
+def test_bad_path_raises_impl_error(path, fragment):
+    with pytest.raises(ImplError, match=fragment.replace(".", r"\.")):
+        load(path)
+
+
+def test_factory_returning_a_non_adapter_is_refused():
+    with pytest.raises(ImplError, match="did not return an adapter"):
+        load("builtins:object")
+
+
+def test_impl_error_is_a_value_error():
+    assert issubclass(ImplError, ValueError)
+
+
+# --- third-party adapters -----------------------------------------------------------------------
+
+ADAPTER_SOURCE = '''
+"""A third-party adapter, written without subclassing harness.impls.base.Adapter."""
+
+from harness.checkpoint import RNGStatesTracker, checkpoint
+
+
+class Mine:
+    name = "mine"
+
+    def make_tracker(self, device):
+        return RNGStatesTracker(device)
+
+    def checkpoint(self, fn, *args, reentrant, tracker):
+        return checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+
+    def supports(self, case):
+        return None
+
+
+class Exploding(Mine):
+    name = "exploding"
+
+    def checkpoint(self, fn, *args, reentrant, tracker):
+        raise RuntimeError("adapter exploded inside checkpoint")
+
+
+class Declining(Mine):
+    name = "declining"
+
+    def supports(self, case):
+        return "needs torch>=99 Generator.frobnicate"
+
+
+class Nameless(Mine):
+    name = ""
+
+
+def factory():
+    return Mine()
+
+
+def exploding():
+    return Exploding()
+
+
+def declining():
+    return Declining()
+
+
+def nameless():
+    return Nameless()
+'''
+
+
+@pytest.fixture
+def mypkg(tmp_path, monkeypatch):
+    """A package `mypkg` with module `adapter`, importable for this test only."""
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "adapter.py").write_text(textwrap.dedent(ADAPTER_SOURCE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    for module in ("mypkg", "mypkg.adapter"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    yield "mypkg.adapter"
+    for module in ("mypkg", "mypkg.adapter"):
+        sys.modules.pop(module, None)
+
+
+def test_third_party_adapter_loads_by_path(mypkg):
+    adapter = load(f"{mypkg}:factory")
+    assert type(adapter).__name__ == "Mine"
+    assert adapter.name == "mine"
+
+
+def test_nameless_adapter_is_named_after_its_path(mypkg):
+    assert load(f"{mypkg}:nameless").name == f"{mypkg}:nameless"
+
+
+def test_missing_factory_in_third_party_module(mypkg):
+    with pytest.raises(ImplError, match="no attribute 'nope'"):
+        load(f"{mypkg}:nope")
+
+
+def test_correct_third_party_adapter_passes_a_case(mypkg):
+    result = runner.run(CASE, load(f"{mypkg}:factory"))
+    assert result.outcome is Outcome.PASS, result.summary()
+    assert result.impl == "mine"
+    assert result.mismatches == []
+
+
+def test_adapter_that_raises_gives_error_with_the_message(mypkg):
+    result = runner.run(CASE, load(f"{mypkg}:exploding"))
+    assert result.outcome is Outcome.ERROR
+    assert result.error == "RuntimeError: adapter exploded inside checkpoint"
+    assert "adapter exploded" in result.traceback
+    assert result.summary() == result.error
+
+
+def test_adapter_that_declines_gives_unsupported_with_the_reason(mypkg):
+    result = runner.run(CASE, load(f"{mypkg}:declining"))
+    assert result.outcome is Outcome.UNSUPPORTED
+    assert result.reason == "needs torch>=99 Generator.frobnicate"
+    assert result.mismatches == []
+
+
+def test_runner_reports_cuda_cases_as_skipped_without_cuda(mypkg):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    case = parse_case_id("reentrant-tracked-single-flat-none-cuda")
+    result = runner.run(case, load(f"{mypkg}:factory"))
+    assert result.outcome is Outcome.SKIPPED
+    assert "CUDA" in result.reason
+
+
+# --- parse_impl_names ---------------------------------------------------------------------------
+
+
+def test_parse_impl_names_defaults_to_bundled():
+    assert parse_impl_names(None) == ["bundled"]
+    assert parse_impl_names([]) == ["bundled"]
+    assert parse_impl_names("") == ["bundled"]
+    assert parse_impl_names(None, default="torch") == ["torch"]
+
+
+def test_parse_impl_names_accepts_a_single_string():
+    assert parse_impl_names("torch") == ["torch"]
+
+
+def test_parse_impl_names_drops_repeats_keeping_first_order():
+    assert parse_impl_names(["torch", "bundled", "torch"]) == ["torch", "bundled"]
+
+
+def test_parse_impl_names_splits_comma_lists():
+    assert parse_impl_names(["bundled, torch", "neg-no-rewind"]) == [
+        "bundled", "torch", "neg-no-rewind"
+    ]
+
+
+def test_parse_impl_names_ignores_empty_items():
+    assert parse_impl_names(" , bundled,,") == ["bundled"]
+
+
+def test_parse_impl_names_all_expands_to_every_builtin():
+    assert parse_impl_names("all") == list(BUILTIN)
+
+
+def test_parse_impl_names_all_keeps_earlier_names_first_and_once():
+    names = parse_impl_names(["torch", "all", "bundled"])
+    assert names[0] == "torch"
+    assert sorted(names) == sorted(BUILTIN)
+
+
+def test_parse_impl_names_keeps_paths_intact():
+    assert parse_impl_names("mypkg.adapter:factory,bundled") == ["mypkg.adapter:factory", "bundled"]
+
+
+def test_registered_includes_every_builtin():
+    assert set(BUILTIN) <= set(impls.registered())

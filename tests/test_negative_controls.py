@@ -1,0 +1,170 @@
+"""Meta-tests: the harness catches each negative control, in exactly the expected cells.
+
+Every shipped impl runs the eager CPU matrix once (cached per impl); the tests assert which cases
+pass and which mismatch, and which oracle reports the failure.  A harness that cannot fail is
+worthless, and so is one that fails the correct implementation.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import pytest
+
+from harness import cases, impls, runner
+from harness.cases import Case, Interleave, Layout, Nesting
+from harness.runner import CaseResult, Outcome
+from harness.workload import plan
+
+CPU_CASES = tuple(cases.generate(device="cpu"))
+
+# impl -> predicate: True where the case must be a mismatch, False where it must pass.
+EXPECTED_MISMATCH: dict[str, Callable[[Case], bool]] = {
+    "bundled": lambda case: False,
+    "torch": lambda case: case.layout in (Layout.TRACKED, Layout.MIXED, Layout.SHARED),
+    "neg-live-handles": lambda case: True,
+    "neg-no-rewind": lambda case: True,
+    "neg-ignore-tracker": lambda case: case.layout in (Layout.TRACKED, Layout.MIXED, Layout.SHARED),
+    "neg-no-restore": lambda case: (
+        case.interleave is Interleave.DRAWS or case.nesting is not Nesting.FLAT
+    ),
+    # Its bug (capture-relative host values) needs separate CUDA graphs; eagerly it is `bundled`.
+    "neg-host-values": lambda case: False,
+}
+# Controls whose bug cannot show on the eager CPU matrix; they must at least pass it cleanly.
+CAPTURE_ONLY = ("neg-host-values",)
+TRACKER_BLIND = ("torch", "neg-ignore-tracker")  # save only the device default generators
+NEVER_REWOUND = ("neg-live-handles", "neg-no-rewind")  # recompute draws at a later offset
+
+
+@functools.lru_cache(maxsize=None)
+def results(name: str) -> dict[str, CaseResult]:
+    """Case id -> result of `name` over the eager CPU matrix (computed once per impl)."""
+    impl = impls.load(name)
+    return {case.id: runner.run(case, impl) for case in CPU_CASES}
+
+
+def failing(name: str) -> list[tuple[Case, CaseResult]]:
+    """(case, result) for every case `name` mismatches, in matrix order."""
+    by_id = results(name)
+    return [(c, by_id[c.id]) for c in CPU_CASES if by_id[c.id].outcome is Outcome.MISMATCH]
+
+
+def oracles(result: CaseResult) -> set[str]:
+    return {m.oracle for m in result.mismatches}
+
+
+def site_name(subject: str) -> str:
+    """'s1 (recompute 2 of 3)' -> 's1'."""
+    return subject.split(" ")[0]
+
+
+def site_streams(case: Case) -> dict[str, str | None]:
+    return {site.name: site.stream for region in plan(case) for site in region.sites()}
+
+
+def recompute_mismatch_sites(result: CaseResult) -> set[str]:
+    return {site_name(m.subject) for m in result.mismatches if m.oracle == "recompute-mask"}
+
+
+# --- the matrix ---------------------------------------------------------------------------------
+
+
+def test_cpu_matrix_is_the_full_eager_matrix():
+    assert len(CPU_CASES) == 60
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_MISMATCH))
+def test_no_case_errors(name):
+    bad = {cid: (r.outcome.value, r.error or r.reason) for cid, r in results(name).items()
+           if r.outcome not in (Outcome.PASS, Outcome.MISMATCH)}
+    assert bad == {}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_MISMATCH))
+def test_outcome_matrix(name):
+    expected = EXPECTED_MISMATCH[name]
+    wrong = []
+    for case in CPU_CASES:
+        result = results(name)[case.id]
+        want = Outcome.MISMATCH if expected(case) else Outcome.PASS
+        if result.outcome is not want:
+            wrong.append(f"{case.id}: {result.outcome.value}, expected {want.value}\n"
+                         f"    {result.summary()[:300]}")
+    assert not wrong, f"{name}: {len(wrong)} wrong cells\n" + "\n".join(wrong)
+
+
+def test_every_mismatch_carries_records():
+    for name in EXPECTED_MISMATCH:
+        for case, result in failing(name):
+            assert result.mismatches, f"{name} {case.id}"
+
+
+# --- where each control is caught ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NEVER_REWOUND)
+def test_never_rewound_controls_fail_recompute_and_gradient(name):
+    missing = [
+        f"{case.id}: {sorted(oracles(result))}"
+        for case, result in failing(name)
+        if not {"recompute-mask", "gradient"} <= oracles(result)
+    ]
+    assert len(failing(name)) == len(CPU_CASES)
+    assert missing == []
+
+
+@pytest.mark.parametrize("name", TRACKER_BLIND)
+def test_tracker_blind_impls_fail_only_on_tracker_sites(name):
+    problems = []
+    for case, result in failing(name):
+        streams = site_streams(case)
+        sites = recompute_mismatch_sites(result)
+        tracker_sites = {s for s in sites if streams[s] is not None}
+        default_sites = {s for s in sites if streams[s] is None}
+        if not tracker_sites or default_sites:
+            problems.append(f"{case.id}: recompute-mask on {sorted(sites)}, streams {streams}")
+    assert failing(name), f"{name} was never caught"
+    assert problems == []
+
+
+def test_tracker_blind_failures_include_a_default_site_where_the_layout_has_one():
+    # keeps the test above honest: in mixed layouts there are default-stream sites to spare
+    case = cases.parse_case_id("reentrant-mixed-eager-flat-none-cpu")
+    assert None in site_streams(case).values()
+    assert recompute_mismatch_sites(results("neg-ignore-tracker")[case.id]) == {"s1"}
+
+
+def test_no_restore_is_never_caught_by_the_recompute_masks():
+    caught = [case.id for case, result in failing("neg-no-restore")
+              if "recompute-mask" in oracles(result)]
+    assert caught == []
+
+
+def test_no_restore_failures_have_a_live_stream_mismatch():
+    assert failing("neg-no-restore")
+    missing = [case.id for case, result in failing("neg-no-restore")
+               if "live-stream" not in oracles(result)]
+    assert missing == []
+
+
+# --- coverage of the controls -------------------------------------------------------------------
+
+
+def test_every_negative_control_has_expectations():
+    assert set(impls.NEGATIVE_CONTROLS) <= set(EXPECTED_MISMATCH)
+
+
+def test_every_eager_negative_control_is_caught_somewhere():
+    for name in impls.NEGATIVE_CONTROLS:
+        if name not in CAPTURE_ONLY:
+            assert failing(name), f"{name} passes every case: the harness cannot see its bug"
+
+
+def test_capture_only_controls_are_shipped_controls():
+    assert set(CAPTURE_ONLY) <= set(impls.NEGATIVE_CONTROLS)
+
+
+def test_expectations_name_only_shipped_impls():
+    assert set(EXPECTED_MISMATCH) <= set(impls.BUILTIN)
