@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from . import expectations as expectations_mod
 from . import impls
 from . import report as reporting
+from . import report_cli
 from .cases import AXES, CaseError, Case, generate, parse_case_id
 from .plugin import resolve_devices
 from .runner import run
@@ -63,8 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     p_repro.add_argument("case_id")
     p_repro.add_argument("--impl", default="bundled")
 
-    p_report = sub.add_parser("report", help="rewrite summary.md from a report directory's results.jsonl")
-    p_report.add_argument("report_dir")
+    report_cli.add_commands(sub, COMMANDS)
     return parser
 
 
@@ -111,33 +111,13 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 1 if result.outcome.value in ("mismatch", "error") else 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    directory = Path(args.report_dir)
-    source = directory / "results.jsonl"
-    if not source.is_file():
-        raise UsageFailure(f"no results.jsonl in {directory}")
-    records = []
-    for number, line in enumerate(source.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise UsageFailure(f"{source}:{number}: not a JSON record ({exc.msg})") from None
-    if not records:
-        raise UsageFailure(f"{source} holds no results")
-    env = records[0].get("env") or reporting.environment()
-    print(f"report: {reporting.write(records, directory, env)}")
-    return 0
-
-
 def _check_writable(target: Path) -> None:
     existing = next((p for p in [target, *target.parents] if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise UsageFailure(f"report directory {target} is unusable: {existing} is not a directory")
 
 
-COMMANDS = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "report": cmd_report}
+COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,8 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (UsageFailure, CaseError, impls.ImplError, expectations_mod.ExpectationError,
-            reporting.ReportError) as exc:
+    except (UsageFailure, report_cli.UsageFailure, CaseError, impls.ImplError,
+            expectations_mod.ExpectationError, reporting.ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
