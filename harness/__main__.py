@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import expectations as expectations_mod
-from . import impls
+from . import impls, isolation, shards
 from . import report as reporting
 from . import report_cli
 from .cases import AXES, CaseError, Case, generate, parse_case_id
 from .plugin import resolve_devices
-from .runner import run
+from .runner import ITERATIONS, run
 
 
 class UsageFailure(Exception):
@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--report-dir", default=None, help="default: reports/<timestamp>-<pid>")
     p_run.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
     p_run.add_argument("-q", "--quiet", action="store_true", help="print only the final counts")
+    p_run.add_argument("--shard", default=None, metavar="I/N", help="run only shard I of N")
+    p_run.add_argument("--no-isolate", dest="isolate", action="store_false",
+                       help="run cases in this process (faster start; a crashing case ends the run)")
+    p_run.add_argument("--case-timeout", type=float, default=isolation.DEFAULT_TIMEOUT_S, metavar="S",
+                       help=f"per-case time limit in seconds when isolated (default {isolation.DEFAULT_TIMEOUT_S:g})")
 
     p_repro = sub.add_parser("repro", help="run one case and print every mismatch")
     p_repro.add_argument("case_id")
@@ -78,25 +83,72 @@ def cmd_run(args: argparse.Namespace) -> int:
     cases = _selected_cases(args)
     adapters = [impls.load(name) for name in impls.parse_impl_names(args.impl)]
     entries = expectations_mod.load(args.expectations)
+    shard = shards.parse_shard(args.shard) if args.shard else None
+    if args.case_timeout <= 0:
+        raise UsageFailure(f"--case-timeout must be positive, got {args.case_timeout:g}")
     target = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
-    _check_writable(target)
+    reporting.check_report_dir(target)
+    work = [(a, c) for a in adapters for c in cases if shards.in_shard(a.name, c.id, shard)]
+    worker = isolation.CaseWorker(args.case_timeout) if args.isolate else None
+    progress = Progress(len(work), quiet=args.quiet)
     records = []
-    started = time.perf_counter()
-    for adapter in adapters:
-        for case in cases:
-            result = run(case, adapter)
+    try:
+        for adapter, case in work:
+            if worker is not None:
+                result = worker.run(case, _load_name(adapter, args.impl), ITERATIONS)
+                result.impl, result.impl_version = adapter.name, adapter.version
+            else:
+                result = run(case, adapter)
             record = reporting.annotate(result.to_dict(), expectations_mod.find(entries, adapter.name, case.id))
             record["worker"] = "main"
             records.append(record)
-            if not args.quiet:
-                print(f"{record['verdict']:6} {record['outcome']:11} {adapter.name} {case.id}", flush=True)
+            progress.update(record)
+    finally:
+        if worker is not None:
+            worker.close()
     written = reporting.write(records, target)
+    progress.finish(written)
     counts = Counter(r["verdict"] for r in records)
-    elapsed = time.perf_counter() - started
-    print(f"{len(records)} cases in {elapsed:.1f}s: "
-          + ", ".join(f"{counts[v]} {v}" for v in reporting.VERDICTS if counts[v]))
-    print(f"report: {written}")
     return 1 if counts["fail"] or counts["stale"] else 0
+
+
+def _load_name(adapter: Any, requested: list[str]) -> str:
+    """The name to load `adapter` by in a worker process (its registered name or path)."""
+    return adapter.name if adapter.name in impls.registered() else next(
+        (n for n in impls.parse_impl_names(requested) if ":" in n and impls.load(n).name == adapter.name),
+        adapter.name,
+    )
+
+
+class Progress:
+    """Running outcome counts: one rewritten line on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet = total, quiet
+        self.tty = sys.stdout.isatty()
+        self.counts: Counter[str] = Counter()
+        self.started = time.perf_counter()
+
+    def _counts(self) -> str:
+        return ", ".join(f"{self.counts[v]} {v}" for v in reporting.VERDICTS if self.counts[v])
+
+    def update(self, record: dict[str, Any]) -> None:
+        self.counts[record["verdict"]] += 1
+        done = sum(self.counts.values())
+        if self.tty:
+            print(f"\r[{done}/{self.total}] {self._counts()}\x1b[K", end="", flush=True)
+            if record["verdict"] in ("fail", "stale"):
+                print(f"\r{record['verdict']:6} {record['outcome']:11} {record['impl']} {record['case_id']}\x1b[K")
+        elif not self.quiet:
+            print(f"[{done}/{self.total}] {record['verdict']:6} {record['outcome']:11} "
+                  f"{record['impl']} {record['case_id']}", flush=True)
+
+    def finish(self, written: Path) -> None:
+        if self.tty:
+            print()
+        elapsed = time.perf_counter() - self.started
+        print(f"{sum(self.counts.values())} cases in {elapsed:.1f}s: {self._counts() or 'none'}")
+        print(f"report: {written}")
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
@@ -108,13 +160,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         print(result.summary())
     if result.traceback:
         print(result.traceback.rstrip())
-    return 1 if result.outcome.value in ("mismatch", "error") else 0
-
-
-def _check_writable(target: Path) -> None:
-    existing = next((p for p in [target, *target.parents] if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise UsageFailure(f"report directory {target} is unusable: {existing} is not a directory")
+    return 1 if result.outcome.value in ("mismatch", "error", "crash", "timeout") else 0
 
 
 COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro}
@@ -125,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (UsageFailure, report_cli.UsageFailure, CaseError, impls.ImplError,
+    except (UsageFailure, report_cli.UsageFailure, CaseError, impls.ImplError, shards.ShardError,
             expectations_mod.ExpectationError, reporting.ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

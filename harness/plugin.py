@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from . import expectations as expectations_mod
-from . import impls
+from . import gpus, impls, isolation, shards
 from . import report as reporting
 from .cases import CaseError, Case, generate
-from .runner import Outcome, run
+from .runner import ITERATIONS, Outcome, run
 
 RESULT_PROPERTY = "harness_result"
 
@@ -49,6 +49,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where the report goes (default: reports/<timestamp>-<pid>)")
     group.addoption("--expectations", default=None, metavar="FILE",
                     help="expected-failures file (default: cases/expectations.toml)")
+    group.addoption("--shard", default=None, metavar="I/N",
+                    help="run only shard I of N (deterministic split of impl x case, for CI jobs)")
+    group.addoption("--isolate", action="store_true", default=False,
+                    help="run each case in a replaceable worker process: an abort, segfault, hang or "
+                         "sticky CUDA error becomes a crash/timeout result and the run goes on")
+    group.addoption("--case-timeout", type=float, default=None, metavar="S",
+                    help="per-case time limit in seconds (implies --isolate)")
 
 
 def resolve_devices(value: str) -> list[str]:
@@ -68,13 +75,24 @@ def resolve_devices(value: str) -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # an xdist worker: take a GPU of its own before any CUDA call
+        config._harness_gpu = gpus.pin_worker(workerinput["workerid"], workerinput["testrunuid"])  # type: ignore[attr-defined]
     try:
         names = impls.parse_impl_names(config.getoption("impl"))
         config._harness_impls = {name: impls.load(name) for name in names}  # type: ignore[attr-defined]
         config._harness_devices = resolve_devices(config.getoption("device"))  # type: ignore[attr-defined]
         entries = expectations_mod.load(config.getoption("expectations"))
-    except (impls.ImplError, CaseError, expectations_mod.ExpectationError) as exc:
-        raise pytest.UsageError(str(exc)) from None
+        shard = config.getoption("shard")
+        config._harness_shard = shards.parse_shard(shard) if shard else None  # type: ignore[attr-defined]
+        if workerinput is None and config.getoption("report_dir"):
+            reporting.check_report_dir(config.getoption("report_dir"))
+        timeout = config.getoption("case_timeout")
+        if timeout is not None and timeout <= 0:
+            raise CaseError(f"--case-timeout must be positive, got {timeout:g}")
+    except (impls.ImplError, CaseError, expectations_mod.ExpectationError, shards.ShardError,
+            reporting.ReportError) as exc:
+        pytest.exit(f"error: {exc}", returncode=2)
     config._harness_expectations = entries  # type: ignore[attr-defined]
     config.pluginmanager.register(ReportCollector(config), "harness-report")
     all_ids = [case.id for case in generate()]
@@ -91,6 +109,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params = []
     for impl_name in config._harness_impls:  # type: ignore[attr-defined]
         for case in generate(device=config._harness_devices):  # type: ignore[attr-defined]
+            if not shards.in_shard(impl_name, case.id, config._harness_shard):  # type: ignore[attr-defined]
+                continue
             param = HarnessCase(impl_name, case)
             entry = expectations_mod.find(config._harness_expectations, impl_name, case.id)  # type: ignore[attr-defined]
             marks = [pytest.mark.xfail(strict=True, reason=entry.reason)] if entry else []
@@ -105,18 +125,42 @@ def harness_run(request: pytest.FixtureRequest):
     def run_case(param: HarnessCase) -> None:
         config = request.config
         adapter = config._harness_impls[param.impl]  # type: ignore[attr-defined]
-        result = run(param.case, adapter)
+        worker = _case_worker(config)
+        if worker is None:
+            result = run(param.case, adapter)
+        else:
+            result = worker.run(param.case, param.impl, ITERATIONS)
+            result.impl, result.impl_version = adapter.name, adapter.version
         entry = expectations_mod.find(config._harness_expectations, param.impl, param.case.id)  # type: ignore[attr-defined]
         record = reporting.annotate(result.to_dict(), entry)
         record["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        record["gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""
         request.node.user_properties.append((RESULT_PROPERTY, json.dumps(record)))
         if result.outcome in (Outcome.UNSUPPORTED, Outcome.SKIPPED):
             pytest.skip(f"{result.outcome.value}: {result.reason}")
-        if result.outcome in (Outcome.MISMATCH, Outcome.ERROR):
+        if result.outcome in (Outcome.MISMATCH, Outcome.ERROR, Outcome.CRASH, Outcome.TIMEOUT):
             head = f"{param.impl} {param.case.id}: {result.outcome.value}"
             pytest.fail(f"{head}\n{result.summary()}", pytrace=False)
 
     return run_case
+
+
+def _case_worker(config: pytest.Config) -> isolation.CaseWorker | None:
+    """This process's isolated case worker, started on first use (None when not isolating)."""
+    timeout = config.getoption("case_timeout")
+    if not (config.getoption("isolate") or timeout):
+        return None
+    worker = getattr(config, "_harness_worker", None)
+    if worker is None:
+        worker = isolation.CaseWorker(timeout or isolation.DEFAULT_TIMEOUT_S)
+        config._harness_worker = worker  # type: ignore[attr-defined]
+    return worker
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    worker = getattr(config, "_harness_worker", None)
+    if worker is not None:
+        worker.close()
 
 
 class ReportCollector:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from .capture import execute
-from .cases import Case, Device, Interleave, Layout, Mode
+from .cases import Case, Device, Interleave, Layout, Mode, parse_case_id
 from .compare import Mismatch
 from .oracles import RunRecord, check
 from .streams import preserved_global_rng, snapshot_streams
@@ -34,6 +34,8 @@ class Outcome(str, enum.Enum):
     ERROR = "error"
     UNSUPPORTED = "unsupported"
     SKIPPED = "skipped"
+    CRASH = "crash"  # the process running the case died (abort, segfault, sticky CUDA error)
+    TIMEOUT = "timeout"  # the case ran past its time limit and its process was killed
 
 
 @dataclass
@@ -59,7 +61,7 @@ class CaseResult:
         """One line per mismatch (or the error / reason), for pytest failures and terminals."""
         if self.outcome is Outcome.MISMATCH:
             return "\n".join(m.message() for m in self.mismatches)
-        if self.outcome is Outcome.ERROR:
+        if self.outcome in (Outcome.ERROR, Outcome.CRASH, Outcome.TIMEOUT):
             return self.error
         return self.reason
 
@@ -77,6 +79,20 @@ class CaseResult:
             "duration_s": round(self.duration_s, 6),
             "iterations": self.iterations,
         }
+
+
+def result_from_dict(data: dict[str, Any]) -> CaseResult:
+    """Rebuild a `CaseResult` from its `to_dict` form (e.g. sent back by an isolated worker)."""
+    mismatches = [
+        Mismatch(**{**m, "first_index": tuple(m["first_index"]) if isinstance(m["first_index"], list) else m["first_index"]})
+        for m in data.get("mismatches", [])
+    ]
+    return CaseResult(
+        parse_case_id(data["case_id"]), data["impl"], Outcome(data["outcome"]),
+        impl_version=data.get("impl_version"), reason=data.get("reason", ""),
+        error=data.get("error", ""), traceback=data.get("traceback", ""), mismatches=mismatches,
+        duration_s=data.get("duration_s", 0.0), iterations=data.get("iterations", ITERATIONS),
+    )
 
 
 def environment_skip(case: Case) -> str | None:

@@ -20,10 +20,11 @@ def records(report_dir: Path) -> dict[tuple[str, str], dict]:
     return {(r["impl"], r["case_id"]): r for r in map(json.loads, lines)}
 
 
-def test_unknown_impl_is_a_usage_error():
+def test_unknown_impl_is_one_line_and_exit_2():
     proc = pytest_run("--impl", "nope")
-    assert proc.returncode == 4
-    assert "unknown implementation 'nope'" in proc.stderr
+    assert proc.returncode == 2
+    assert "error: unknown implementation 'nope'" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
 
 
 def test_known_failures_are_strict_xfails_and_reach_the_report(tmp_path):
