@@ -7,7 +7,6 @@ Exit status: 0 when every case passed or failed as expected, 1 when a case faile
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
@@ -17,7 +16,7 @@ from typing import Any, Sequence
 from . import expectations as expectations_mod
 from . import impls, isolation, shards
 from . import report as reporting
-from . import report_cli
+from . import repro_script, report_cli, timeline
 from .cases import AXES, CaseError, Case, generate, parse_case_id
 from .plugin import resolve_devices
 from .runner import ITERATIONS, run
@@ -65,9 +64,13 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--case-timeout", type=float, default=isolation.DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"per-case time limit in seconds when isolated (default {isolation.DEFAULT_TIMEOUT_S:g})")
 
-    p_repro = sub.add_parser("repro", help="run one case and print every mismatch")
+    p_repro = sub.add_parser("repro", help="run one case alone and explain it: mismatches and RNG timeline")
     p_repro.add_argument("case_id")
     p_repro.add_argument("--impl", default="bundled")
+    p_repro.add_argument("--script", metavar="FILE", default=None,
+                         help="also write a standalone Python script that reproduces the case")
+    p_repro.add_argument("--all-streams", action="store_true",
+                         help="show every stream in the timeline, not only those that diverge")
 
     report_cli.add_commands(sub, COMMANDS)
     return parser
@@ -154,12 +157,31 @@ class Progress:
 def cmd_repro(args: argparse.Namespace) -> int:
     case = parse_case_id(args.case_id)
     adapter = impls.load(args.impl)
-    result = run(case, adapter)
+    if args.script:
+        reporting.check_report_dir(Path(args.script).resolve().parent)
+    result = run(case, adapter, timeline=True)
     print(f"{adapter.name} {case.id}: {result.outcome.value} ({result.duration_s:.2f}s)")
-    if result.summary():
-        print(result.summary())
-    if result.traceback:
+    if result.reason:
+        print(result.reason)
+    if result.error:
+        print(result.error)
         print(result.traceback.rstrip())
+    by_oracle: dict[str, list[str]] = {}
+    for mismatch in result.mismatches:
+        by_oracle.setdefault(mismatch.oracle, []).append(mismatch.message())
+    for oracle, lines in by_oracle.items():
+        print(f"\n{oracle} ({len(lines)}):")
+        print("\n".join(f"  {line}" for line in lines))
+    timelines = result.timelines
+    if timelines.get("checkpointed"):
+        rows = timeline.rows(timelines["reference"], timelines["checkpointed"])
+        streams = None if args.all_streams else sorted({r["stream"] for r in rows if r[""]}) or None
+        note = " (states read at capture time, relative to the capture)" if case.capture.value != "eager" else ""
+        print(f"\nRNG timeline, reference vs checkpointed{note}:")
+        print(timeline.render(timelines["reference"], timelines["checkpointed"], streams))
+    if args.script:
+        Path(args.script).write_text(repro_script.render(case, adapter.name if adapter.name in impls.registered() else args.impl))
+        print(f"\nstandalone script: {args.script} (python {args.script}; exit 1 when the mismatch reproduces)")
     return 1 if result.outcome.value in ("mismatch", "error", "crash", "timeout") else 0
 
 

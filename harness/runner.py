@@ -52,6 +52,7 @@ class CaseResult:
     mismatches: list[Mismatch] = field(default_factory=list)
     duration_s: float = 0.0
     iterations: int = ITERATIONS
+    timelines: dict[str, list] = field(default_factory=dict)
 
     @property
     def case_id(self) -> str:
@@ -153,6 +154,7 @@ class RunSession:
 
     def between(self, include_cpu: bool) -> None:
         self.workload.interleaved_draws(include_cpu=include_cpu)
+        self.workload.event("after interleaved draws")
 
     def draws_between(self) -> bool:
         return self.case.interleave is not Interleave.NONE
@@ -173,20 +175,25 @@ class RunSession:
             k: (None if g is None else g.detach().clone()) for k, g in grads.items()
         }
         self.record.streams[iteration] = snapshot_streams(self.tracker)
+        if self.workload.events is not None:
+            self.workload.events.append((iteration, "after backward", self.record.streams[iteration].states))
 
 
-def _execute(case: Case, iterations: int, *args: Any) -> tuple[RunRecord, list[str]]:
+def _execute(case: Case, iterations: int, timeline: list | None, *args: Any) -> tuple[RunRecord, list[str]]:
     session = RunSession(case, *args)
+    session.workload.events = timeline
     execute(case.capture, session, iterations)
     return session.record, session.workload.checkpointed_sites()
 
 
-def run(case: Case, impl: Any, iterations: int = ITERATIONS) -> CaseResult:
+def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = False) -> CaseResult:
     """Run `case` under `impl` against a non-checkpointed reference; never raises for impl faults.
 
     The reference and the checkpointed run start from identical RNG states and use the impl's own
     tracker, so the only difference between them is the checkpoint.  Every global generator is put
-    back as it was afterwards, so cases do not depend on each other.
+    back as it was afterwards, so cases do not depend on each other.  With `timeline`, the state
+    of every stream at each region entry and exit, after the interleaved draws and after backward
+    is kept in ``result.timelines`` (for `repro`; not part of the record).
     """
     start = time.perf_counter()
     version = getattr(impl, "version", None)
@@ -210,8 +217,11 @@ def run(case: Case, impl: Any, iterations: int = ITERATIONS) -> CaseResult:
         with preserved_global_rng():
             tensors = Tensors.make(case, device)
             make_tracker = getattr(impl, "make_tracker", None)
-            reference, sites = _execute(case, iterations, device, tensors, make_tracker, None)
-            checkpointed, _ = _execute(case, iterations, device, tensors, make_tracker, checkpoint_with)
+            timelines = result.timelines = {"reference": [], "checkpointed": []} if timeline else {}
+            reference, sites = _execute(case, iterations, timelines.get("reference"), device, tensors,
+                                        make_tracker, None)
+            checkpointed, _ = _execute(case, iterations, timelines.get("checkpointed"), device, tensors,
+                                       make_tracker, checkpoint_with)
         result.mismatches = check(reference, checkpointed, sites, iterations)
         result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
     except NoTracker as exc:

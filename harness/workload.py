@@ -156,6 +156,14 @@ class Workload:
         self.case, self.device, self.tracker = case, device, tracker
         self.weights, self.checkpoint, self.log = weights, checkpoint, log
         self.regions = plan(case)
+        self.events: list[tuple[int, str, dict[str, torch.Tensor]]] | None = None  # see `event`
+
+    def event(self, label: str) -> None:
+        """Record every stream's state under `label` (only when a timeline was asked for)."""
+        if self.events is not None:
+            from .streams import snapshot_streams
+
+            self.events.append((self.log.iteration, label, snapshot_streams(self.tracker).states))
 
     def _stream(self, site: Site) -> contextlib.AbstractContextManager:
         if site.stream is None:
@@ -173,8 +181,10 @@ class Workload:
 
     def _region_fn(self, region: Region) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(h: torch.Tensor) -> torch.Tensor:
+            self.event(f"{self.log.phase} {region.name} entry")
             for item in region.items:
                 h = self._call(item, h) if isinstance(item, Region) else self._site(item, h)
+            self.event(f"{self.log.phase} {region.name} exit")
             return h
 
         return run

@@ -1,0 +1,61 @@
+"""`repro --script FILE`: a standalone Python program that reproduces one case.
+
+The program is `repro_template.py` with the case's axis values filled in and an implementation
+block: for `torch` it needs nothing but torch; for any other impl it loads the adapter through
+ckpt-rng-harness (which ships the bundled checkpoint and the negative controls).  It re-implements
+the workload and the comparison on its own, so it is also an independent check of the harness.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .cases import Case, Interleave, Mode
+
+TEMPLATE = Path(__file__).with_name("repro_template.py")
+
+TORCH_BLOCK = '''import torch.utils.checkpoint  # noqa: E402
+
+
+def make_tracker(device):
+    return Tracker(device)  # the tracker semantics the harness uses (defined below)
+
+
+def checkpoint(fn, *args, tracker):
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=REENTRANT, preserve_rng_state=True)
+'''
+
+ADAPTER_BLOCK = '''from harness.impls import load  # noqa: E402  (the implementation under test, via its adapter)
+
+_IMPL = load(IMPL)
+
+
+def make_tracker(device):
+    return _IMPL.make_tracker(device)
+
+
+def checkpoint(fn, *args, tracker):
+    return _IMPL.checkpoint(fn, *args, reentrant=REENTRANT, tracker=tracker)
+'''
+
+
+def render(case: Case, impl: str) -> str:
+    """The program's source for `case` under `impl`."""
+    text = TEMPLATE.read_text()
+    values = {
+        "CASE_ID": repr(case.id),
+        "IMPL": repr(impl),
+        "REENTRANT": repr(case.mode is Mode.REENTRANT),
+        "LAYOUT": repr(case.layout.value),
+        "CAPTURE": repr(case.capture.value),
+        "NESTING": repr(case.nesting.value),
+        "INTERLEAVE": repr(case.interleave is Interleave.DRAWS),
+        "DEVICE": f"torch.device({case.device.value!r})",
+    }
+    for name, value in values.items():
+        text, count = re.subn(rf"^{name} = .*?(  #.*)?$", f"{name} = {value}\\1", text, count=1, flags=re.M)
+        if count != 1:
+            raise RuntimeError(f"repro template lacks the line for {name}")
+    block = TORCH_BLOCK if impl == "torch" else ADAPTER_BLOCK
+    return text.replace("# IMPLEMENTATION\n", block, 1)

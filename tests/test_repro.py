@@ -1,0 +1,72 @@
+"""`repro`: the RNG timeline marks the first divergence, and `--script` writes a standalone
+program that reproduces (or not) the same outcome with only torch (plus the impl)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import timeline
+from harness.__main__ import main
+from harness.cases import parse_case_id
+from harness.impls import load
+from harness.repro_script import render
+from harness.runner import run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def first_divergence(impl: str, case_id: str):
+    result = run(parse_case_id(case_id), load(impl), timeline=True)
+    rows = timeline.rows(result.timelines["reference"], result.timelines["checkpointed"])
+    return next((r for r in rows if r[""] == "<-- first divergence"), None)
+
+
+def test_torch_diverges_where_the_recompute_enters_with_the_tracked_stream_advanced():
+    row = first_divergence("torch", "reentrant-tracked-eager-flat-none-cpu")
+    assert (row["iteration"], row["step"], row["stream"]) == (0, "recompute r0 entry", "tracker:model-parallel")
+
+
+def test_no_restore_diverges_after_backward_on_the_default_stream():
+    row = first_divergence("neg-no-restore", "reentrant-default-eager-flat-draws-cpu")
+    assert (row["iteration"], row["step"], row["stream"]) == (0, "after backward", "cpu")
+
+
+def test_bundled_has_no_divergence():
+    assert first_divergence("bundled", "nonreentrant-shared-eager-nested-draws-cpu") is None
+
+
+@pytest.mark.parametrize(
+    "impl, case_id, status",
+    [
+        ("torch", "nonreentrant-tracked-eager-nested-draws-cpu", 1),
+        ("torch", "reentrant-untracked-eager-siblings-draws-cpu", 0),
+        ("bundled", "reentrant-shared-eager-nested-draws-cpu", 0),
+        ("neg-no-restore", "reentrant-mixed-eager-siblings-none-cpu", 1),
+        ("neg-live-handles", "nonreentrant-default-eager-flat-none-cpu", 1),
+    ],
+)
+def test_the_standalone_script_agrees_with_the_harness(tmp_path, impl, case_id, status):
+    assert (run(parse_case_id(case_id), load(impl)).outcome.value == "pass") == (status == 0)
+    script = tmp_path / "repro.py"
+    script.write_text(render(parse_case_id(case_id), impl))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert ("mismatches" in proc.stdout) == (status == 1)
+
+
+def test_the_torch_script_needs_nothing_but_torch():
+    source = render(parse_case_id("reentrant-tracked-eager-flat-none-cpu"), "torch")
+    imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    assert imports <= {"contextlib", "sys", "torch"}
+
+
+def test_repro_command_prints_the_timeline_and_writes_the_script(tmp_path, capsys):
+    script = tmp_path / "r.py"
+    assert main(["repro", "reentrant-tracked-eager-flat-none-cpu", "--impl", "torch", "--script", str(script)]) == 1
+    out = capsys.readouterr().out
+    assert "RNG timeline, reference vs checkpointed" in out and "<-- first divergence" in out
+    assert script.read_text().startswith("#!/usr/bin/env python3")
