@@ -72,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     p_repro.add_argument("--all-streams", action="store_true",
                          help="show every stream in the timeline, not only those that diverge")
 
+    p_bench = sub.add_parser("bench", help="measure speed and memory of one impl's default matrix")
+    p_bench.add_argument("--impl", default="bundled")
+    p_bench.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p_bench.add_argument("--cases", type=int, default=None, metavar="N",
+                         help="cases to run in all, repeating the matrix (default: 1000 on cuda, one matrix on cpu)")
+    p_bench.add_argument("--json", default="bench.json", metavar="FILE", help="where the figures go (default bench.json)")
+
     report_cli.add_commands(sub, COMMANDS)
     return parser
 
@@ -185,7 +192,23 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 1 if result.outcome.value in ("mismatch", "error", "crash", "timeout") else 0
 
 
-COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro}
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    adapter = impls.load(args.impl)
+    [device] = resolve_devices(args.device)[:1]
+    total = args.cases if args.cases is not None else (1000 if device == "cuda" else len(list(generate(device=device))))
+    if total < 1:
+        raise UsageFailure(f"--cases must be at least 1, got {total}")
+    reporting.check_report_dir(Path(args.json).resolve().parent)
+    figures = bench.bench(adapter, args.impl, device, total)
+    print(bench.render(figures))
+    bench.write_json(figures, args.json)
+    print(f"figures: {args.json}")
+    return 0
+
+
+COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -65,6 +65,7 @@ def serve(stderr_path: str) -> None:
         request = json.loads(line)
         name = request["impl"]
         adapter = adapters[name] if name in adapters else adapters.setdefault(name, load(name))
+        protocol.write(json.dumps({"started": True}) + "\n")  # the case's clock starts here
         result = run(parse_case_id(request["case"]), adapter, request["iterations"]).to_dict()
         sticky = _sticky_cuda_error() if result["outcome"] != "pass" else None
         protocol.write(json.dumps({"result": result, "sticky": sticky}) + "\n")
@@ -145,6 +146,9 @@ class CaseWorker:
             self._process.stdin.write(json.dumps(request) + "\n")
             self._process.stdin.flush()
         except BrokenPipeError:
+            return self._died(case, impl_name, start)
+        ready, _, _ = select.select([self._process.stdout], [], [], STARTUP_TIMEOUT_S)
+        if not ready or not self._process.stdout.readline():  # loading the impl is not the case's time
             return self._died(case, impl_name, start)
         ready, _, _ = select.select([self._process.stdout], [], [], self.timeout_s)
         if not ready:

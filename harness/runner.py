@@ -17,7 +17,7 @@ from .oracles import RunRecord, check
 from .streams import preserved_global_rng, snapshot_streams
 from .workload import (
     FORWARD,
-    GLOBAL_SEED,
+    seed_all,
     RECOMPUTE,
     MaskLog,
     Tensors,
@@ -53,6 +53,7 @@ class CaseResult:
     duration_s: float = 0.0
     iterations: int = ITERATIONS
     timelines: dict[str, list] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # setup / reference / checkpointed / compare
 
     @property
     def case_id(self) -> str:
@@ -78,6 +79,7 @@ class CaseResult:
             "traceback": self.traceback,
             "mismatches": [m.to_dict() for m in self.mismatches],
             "duration_s": round(self.duration_s, 6),
+            "timings": dict(self.timings),
             "iterations": self.iterations,
         }
 
@@ -93,6 +95,7 @@ def result_from_dict(data: dict[str, Any]) -> CaseResult:
         impl_version=data.get("impl_version"), reason=data.get("reason", ""),
         error=data.get("error", ""), traceback=data.get("traceback", ""), mismatches=mismatches,
         duration_s=data.get("duration_s", 0.0), iterations=data.get("iterations", ITERATIONS),
+        timings=dict(data.get("timings", {})),
     )
 
 
@@ -101,6 +104,18 @@ def environment_skip(case: Case) -> str | None:
     if case.device is Device.CUDA and not torch.cuda.is_available():
         return "no CUDA device is visible"
     return None
+
+
+class _Clock:
+    """Splits a case's time into named laps (seconds), for the benchmark."""
+
+    def __init__(self, laps: dict[str, float]) -> None:
+        self.laps, self.last = laps, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self.last, 6)
+        self.last = now
 
 
 class NoTracker(Exception):
@@ -119,7 +134,7 @@ class RunSession:
         checkpoint_with: Callable[[Any], Callable[..., Any]] | None,
     ) -> None:
         self.case, self.tensors = case, tensors
-        torch.manual_seed(GLOBAL_SEED)  # CPU and every CUDA device
+        seed_all()  # CPU and every CUDA device
         self.tracker = None
         if case.layout is not Layout.UNTRACKED and make_tracker is not None:
             self.tracker = make_tracker(device)
@@ -134,7 +149,7 @@ class RunSession:
 
     def reseed(self) -> None:
         """Put every stream back to the run's initial state, in place (graph registrations hold)."""
-        torch.manual_seed(GLOBAL_SEED)
+        seed_all()
         if self.tracker is not None:
             self.tracker.set_states(self.initial_tracker_states)
 
@@ -213,17 +228,22 @@ def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = Fa
     def checkpoint_with(tracker: Any) -> Callable[..., Any]:
         return lambda fn, *args: impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
 
+    clock = _Clock(result.timings)
     try:
         with preserved_global_rng():
             tensors = Tensors.make(case, device)
             make_tracker = getattr(impl, "make_tracker", None)
             timelines = result.timelines = {"reference": [], "checkpointed": []} if timeline else {}
+            clock.lap("setup")
             reference, sites = _execute(case, iterations, timelines.get("reference"), device, tensors,
                                         make_tracker, None)
+            clock.lap("reference")
             checkpointed, _ = _execute(case, iterations, timelines.get("checkpointed"), device, tensors,
                                        make_tracker, checkpoint_with)
+            clock.lap("checkpointed")
         result.mismatches = check(reference, checkpointed, sites, iterations)
         result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
+        clock.lap("compare")
     except NoTracker as exc:
         result.outcome, result.reason = Outcome.UNSUPPORTED, str(exc)
     except Exception as exc:  # an impl that raises is a result, not a harness crash

@@ -73,6 +73,18 @@ def plan(case: Case) -> tuple[Region, ...]:
     return (Region("r0", (sites[0], sites[1])), Region("r1", (sites[2], sites[3])))
 
 
+def seed_all() -> None:
+    """`torch.manual_seed(GLOBAL_SEED)` for the CPU and every initialised CUDA device, directly.
+
+    (torch.manual_seed on a machine where CUDA is not initialised queues a lazy CUDA call and
+    records its stack, which costs more than the rest of a small case.)
+    """
+    from .checkpoint.generators import device_default_generators
+
+    for gen in device_default_generators():
+        gen.manual_seed(GLOBAL_SEED)
+
+
 def make_tracker_streams(tracker: Any, layout: Layout) -> None:
     """Add the streams a layout uses to a fresh tracker (deterministic seeds)."""
     if tracker is None:
