@@ -7,10 +7,13 @@ torch is used as it is, never replaced by a download.  Arguments after ``--`` go
 
 from __future__ import annotations
 
+import sys
+
 import nox
 
 nox.options.sessions = ["tests"]
 DEFAULT_GPU_IMPLS = ["--impl", "bundled", "--impl", "torch"]
+PYTHON = sys.executable  # the interpreter running nox: on a GPU runner, the one with its CUDA torch
 
 
 def _has_impl(args: list[str]) -> bool:
@@ -19,31 +22,52 @@ def _has_impl(args: list[str]) -> bool:
 
 @nox.session(python=False)
 def gpu(session: nox.Session) -> None:
-    """The full matrix on CUDA (all capture modes) for bundled and torch, writing a report."""
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
-    try:
-        session.run("python", "-c", probe, silent=True)
-    except nox.command.CommandFailed:
+    """The full matrix on CUDA (all capture modes), one xdist worker per visible GPU, isolated.
+
+    Impls: posargs' --impl, else bundled and torch.  Each worker pins itself to a GPU of its own
+    (harness.gpus) before its first CUDA call; each case runs in a replaceable worker process
+    (--isolate), so an abort or a sticky CUDA error is recorded and the run goes on.
+    """
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    count = int(session.run(PYTHON, "-c", probe, silent=True).strip().splitlines()[-1])
+    if count < 1:
         session.error("no CUDA device is visible (torch.cuda.is_available() is False)")
     args = list(session.posargs)
     impl_args = [] if _has_impl(args) else DEFAULT_GPU_IMPLS
-    session.run("python", "-m", "pytest", "cases", "--device", "cuda", *impl_args, *args)
+    session.log(f"{count} GPU(s): {count} xdist worker(s)")
+    session.run(PYTHON, "-m", "pytest", "cases", "--device", "cuda", "-n", str(count), "--isolate",
+                *impl_args, *args)
 
 
 @nox.session(python=False)
 def cpu(session: nox.Session) -> None:
     """The CPU matrix (eager cases) for the impls given (default bundled), writing a report."""
-    session.run("python", "-m", "pytest", "cases", "--device", "cpu", *session.posargs)
+    session.run(PYTHON, "-m", "pytest", "cases", "--device", "cpu", *session.posargs)
 
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The harness's own tests plus the CPU matrix, as CI runs them."""
-    session.run("python", "-m", "pytest", "-n", "2", *session.posargs)
+    session.run(PYTHON, "-m", "pytest", "-n", "2", *session.posargs)
+
+
+@nox.session(python=False)
+def bench(session: nox.Session) -> None:
+    """Speed and memory of the default matrix for one impl (posargs go to `harness bench`)."""
+    session.run(PYTHON, "-m", "harness", "bench", *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff format check and lint."""
-    session.install("ruff")
+    """The CI templates against their schemas, then ruff lint (ruff format is not enforced yet).
+
+    The GitHub workflow and GitLab CI schemas are vendored in check-jsonschema: no network needed.
+    """
+    session.install("ruff", "check-jsonschema")
+    schemas = {
+        ".github/workflows/gpu.yml": "vendor.github-workflows",
+        ".gitlab-ci.yml": "vendor.gitlab-ci",
+    }
+    for path, schema in schemas.items():
+        session.run("check-jsonschema", "--builtin-schema", schema, path)
     session.run("ruff", "check", "harness", "tests", "cases", "noxfile.py", "conftest.py")
