@@ -58,4 +58,8 @@ def render(case: Case, impl: str) -> str:
         if count != 1:
             raise RuntimeError(f"repro template lacks the line for {name}")
     block = TORCH_BLOCK if impl == "torch" else ADAPTER_BLOCK
-    return text.replace("# IMPLEMENTATION\n", block, 1)
+    text, count = re.subn(r"^# BEGIN IMPLEMENTATION.*?^# END IMPLEMENTATION\n", lambda _: block, text,
+                          count=1, flags=re.M | re.S)
+    if count != 1:
+        raise RuntimeError("repro template lacks its implementation block")
+    return text
