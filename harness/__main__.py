@@ -109,7 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 result.impl, result.impl_version = adapter.name, adapter.version
             else:
                 result = run(case, adapter)
-            record = reporting.annotate(result.to_dict(), expectations_mod.find(entries, adapter.name, case.id))
+            entry = expectations_mod.find(entries, adapter.name, case.id, version=adapter.version)
+            record = reporting.annotate(result.to_dict(), entry)
             record["worker"] = "main"
             records.append(record)
             progress.update(record)

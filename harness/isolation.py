@@ -25,6 +25,7 @@ from .cases import Case
 from .runner import CaseResult, Outcome, result_from_dict
 
 DEFAULT_TIMEOUT_S = 300.0
+_TIMED_OUT = object()
 STARTUP_TIMEOUT_S = 300.0  # importing torch (and CUDA) in a fresh worker; not counted per case
 STDERR_TAIL = 2000
 
@@ -90,6 +91,7 @@ class CaseWorker:
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
         self._process: subprocess.Popen[str] | None = None
+        self._pending = b""
         handle, path = tempfile.mkstemp(prefix="ckpt-harness-worker-", suffix=".log")
         os.close(handle)
         self._stderr = Path(path)
@@ -104,9 +106,8 @@ class CaseWorker:
             [sys.executable, "-m", "harness.isolation", str(self._stderr)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )
-        assert self._process.stdout is not None
-        ready, _, _ = select.select([self._process.stdout], [], [], STARTUP_TIMEOUT_S)
-        if not ready or not self._process.stdout.readline():
+        self._pending = b""
+        if not isinstance(self._read_line(STARTUP_TIMEOUT_S), str):
             tail = self._stderr_tail()
             self._stop()
             raise RuntimeError(f"the case worker process did not start: {tail[-600:] or 'no output'}")
@@ -125,6 +126,27 @@ class CaseWorker:
         """Stop the worker process (idempotent)."""
         self._stop()
         self._stderr.unlink(missing_ok=True)
+
+    def _read_line(self, timeout_s: float) -> "str | None | object":
+        """The worker's next protocol line; None at end of file, _TIMED_OUT after `timeout_s`.
+
+        Reads the pipe's file descriptor directly: a buffered reader could hold a complete line
+        that `select` then never reports as readable.
+        """
+        assert self._process is not None and self._process.stdout is not None
+        fd = self._process.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(remaining, 0))
+            if not ready:
+                return _TIMED_OUT
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode()
 
     def _stderr_tail(self) -> str:
         try:
@@ -147,17 +169,15 @@ class CaseWorker:
             self._process.stdin.flush()
         except BrokenPipeError:
             return self._died(case, impl_name, start)
-        ready, _, _ = select.select([self._process.stdout], [], [], STARTUP_TIMEOUT_S)
-        if not ready or not self._process.stdout.readline():  # loading the impl is not the case's time
+        if not isinstance(self._read_line(STARTUP_TIMEOUT_S), str):  # loading the impl is not the case's time
             return self._died(case, impl_name, start)
-        ready, _, _ = select.select([self._process.stdout], [], [], self.timeout_s)
-        if not ready:
+        line = self._read_line(self.timeout_s)
+        if line is _TIMED_OUT:
             self._stop()
             self.restarts += 1
             return self._failure(case, impl_name, Outcome.TIMEOUT, start,
                                  f"no result within {self.timeout_s:g} s; the worker was killed")
-        line = self._process.stdout.readline()
-        if not line:
+        if line is None:
             return self._died(case, impl_name, start)
         answer = json.loads(line)
         result = result_from_dict(answer["result"])

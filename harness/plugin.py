@@ -112,7 +112,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             if not shards.in_shard(impl_name, case.id, config._harness_shard):  # type: ignore[attr-defined]
                 continue
             param = HarnessCase(impl_name, case)
-            entry = expectations_mod.find(config._harness_expectations, impl_name, case.id)  # type: ignore[attr-defined]
+            entry = expectations_mod.find(config._harness_expectations, impl_name, case.id,  # type: ignore[attr-defined]
+                                          version=config._harness_impls[impl_name].version)  # type: ignore[attr-defined]
             marks = [pytest.mark.xfail(strict=True, reason=entry.reason)] if entry else []
             params.append(pytest.param(param, id=param.id, marks=marks))
     metafunc.parametrize("harness_case", params)
@@ -131,7 +132,8 @@ def harness_run(request: pytest.FixtureRequest):
         else:
             result = worker.run(param.case, param.impl, ITERATIONS)
             result.impl, result.impl_version = adapter.name, adapter.version
-        entry = expectations_mod.find(config._harness_expectations, param.impl, param.case.id)  # type: ignore[attr-defined]
+        entry = expectations_mod.find(config._harness_expectations, param.impl, param.case.id,  # type: ignore[attr-defined]
+                                      version=adapter.version)
         record = reporting.annotate(result.to_dict(), entry)
         record["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")
         record["gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""

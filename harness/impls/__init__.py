@@ -23,6 +23,11 @@ BUILTIN: dict[str, str] = {
     "neg-ignore-tracker": "harness.impls.negative:make_ignore_tracker",
     "neg-no-rewind": "harness.impls.negative:make_no_rewind",
     "neg-host-values": "harness.impls.negative:make_host_values",
+    # External implementations: they load whether or not the package is installed, and declare
+    # every case unsupported (with the import error) when it does not import.
+    "megatron": "harness.impls.megatron:make_megatron",
+    "megatron-graphsafe": "harness.impls.megatron:make_megatron_graphsafe",
+    "transformer-engine": "harness.impls.transformer_engine:make_transformer_engine",
 }
 NEGATIVE_CONTROLS = tuple(name for name in BUILTIN if name.startswith("neg-"))
 

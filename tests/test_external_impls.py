@@ -1,0 +1,736 @@
+"""External implementations (Megatron-core, TransformerEngine) and third-party adapter discovery.
+
+Neither package can run here (both are CUDA-only; TransformerEngine cannot even be installed), so
+the adapters' wiring is tested against small CPU stand-ins written to a temporary directory and put
+first on sys.path: ``megatron.core.tensor_parallel.random`` and ``transformer_engine.pytorch``,
+with the real function names and signatures and the real save/restore logic in CPU terms.  The
+adapters are told they may run on the cpu device (`devices`), and the harness runs its CPU matrix
+through them:
+
+* import failure: every case is `unsupported`, with the import error;
+* the stand-in with correct value semantics passes every case it runs: streams, aliases, the
+  reference reseed and the checkpoint all go through the adapter as in a real run;
+* the graph-safe Megatron stand-in keeps live Generator objects (as the real one does) and is
+  caught in the tracked layouts; TransformerEngine's stand-in with the tracker ignored is caught
+  there too, so the tracker really reaches the checkpoint;
+* Megatron's global tracker is rebuilt per run with the adapter's flag, never left over from a
+  previous case.
+
+The last part checks that a third-party adapter in a temporary package is found both ways: by the
+entry-point group ``harness.implementations`` and by ``module:factory``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import impls, runner
+from harness.cases import Layout, Mode, generate, parse_case_id
+from harness.impls import megatron as megatron_mod
+from harness.impls import transformer_engine as te_mod
+from harness.impls.megatron import LazyModule, MegatronAdapter, TrackerView
+from harness.impls.transformer_engine import TransformerEngineAdapter
+from harness.runner import Outcome
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_CASES = tuple(generate(device="cpu"))
+CUDA_CASE = parse_case_id("reentrant-tracked-eager-flat-none-cuda")
+TRACKED_LAYOUTS = {Layout.TRACKED, Layout.MIXED, Layout.SHARED}
+
+# --- stand-ins -----------------------------------------------------------------------------------
+
+MEGATRON_RANDOM = '''
+"""CPU stand-in for megatron.core.tensor_parallel.random (megatron-core 0.19 names and signatures).
+
+The tracker, the global-tracker functions and CheckpointFunction follow the real code line for
+line, with the CPU generator in place of the current CUDA device's.  In graph-safe mode the states
+are Generator objects that forks advance in place (the real ones are CUDA generators swapped in
+with graphsafe_set_state), so get_states() hands out live objects, as the real one does.
+"""
+
+import contextlib
+
+import torch
+from torch.utils.checkpoint import detach_variable
+
+CALLS = []  # (function, details) for every call the tests care about
+
+_MODEL_PARALLEL_RNG_TRACKER_NAME = "model-parallel-rng"
+_CUDA_RNG_STATE_TRACKER = None
+_CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+IS_CHECKPOINTING = False
+
+
+class CudaRNGStatesTracker:
+    def __init__(self, use_cudagraphable_rng=False, is_inference_rng_tracker=False):
+        self.reset()
+        self.use_cudagraphable_rng = use_cudagraphable_rng
+        self.is_inference_rng_tracker = is_inference_rng_tracker
+
+    def is_initialized(self):
+        return self._is_initialized
+
+    def reset(self):
+        self._is_initialized = False
+        self.states_ = {}
+        self.seeds_ = set()
+
+    def get_states(self):
+        states = {}
+        for name in self.states_:
+            states[name] = self.states_[name]
+        return states
+
+    def set_states(self, states):
+        self._is_initialized = True
+        self.states_ = states
+
+    def add(self, name, seed):
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception("seed {} already exists".format(seed))
+        self.seeds_.add(seed)
+        if name in self.states_:
+            raise Exception("cuda rng state {} already exists".format(name))
+        gen = torch.Generator().manual_seed(seed)
+        self.states_[name] = gen if self.use_cudagraphable_rng else gen.get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name=_MODEL_PARALLEL_RNG_TRACKER_NAME):
+        if name not in self.states_:
+            raise Exception("cuda rng state {} is not added".format(name))
+        orig = torch.get_rng_state()
+        state = self.states_[name]
+        torch.set_rng_state(state.get_state() if isinstance(state, torch.Generator) else state)
+        try:
+            yield
+        finally:
+            if isinstance(state, torch.Generator):
+                state.set_state(torch.get_rng_state())  # the live object advances
+            else:
+                self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+
+def initialize_rng_tracker(
+    use_te_rng_tracker=False, inference_rng_tracker=False, use_cudagraphable_rng=False,
+    force_reset=False,
+):
+    global _CUDA_RNG_STATE_TRACKER, _CUDA_RNG_STATE_TRACKER_INITIALIZED
+    CALLS.append(("initialize_rng_tracker", dict(
+        use_te_rng_tracker=use_te_rng_tracker, use_cudagraphable_rng=use_cudagraphable_rng,
+        force_reset=force_reset)))
+    if force_reset:
+        _CUDA_RNG_STATE_TRACKER = None
+        _CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+    if _CUDA_RNG_STATE_TRACKER_INITIALIZED:
+        return
+    _CUDA_RNG_STATE_TRACKER = CudaRNGStatesTracker(
+        use_cudagraphable_rng=use_cudagraphable_rng, is_inference_rng_tracker=inference_rng_tracker)
+    _CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+def get_cuda_rng_tracker(use_te_rng_tracker=False, inference_rng_tracker=False,
+                         use_cudagraphable_rng=False):
+    initialize_rng_tracker(use_te_rng_tracker, inference_rng_tracker, use_cudagraphable_rng)
+    return _CUDA_RNG_STATE_TRACKER
+
+
+def _get_all_rng_states():
+    return torch.get_rng_state(), get_cuda_rng_tracker().get_states()
+
+
+def _set_all_rng_states(cpu_rng_state, cuda_rng_state_tracker):
+    torch.set_rng_state(cpu_rng_state)
+    get_cuda_rng_tracker().set_states(cuda_rng_state_tracker)
+
+
+@contextlib.contextmanager
+def _fork_rng():
+    current_states = _get_all_rng_states()
+    try:
+        yield
+    finally:
+        _set_all_rng_states(*current_states)
+
+
+def _set_checkpointing():
+    global IS_CHECKPOINTING
+    IS_CHECKPOINTING = True
+
+
+def _unset_checkpointing():
+    global IS_CHECKPOINTING
+    IS_CHECKPOINTING = False
+
+
+class CheckpointFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run_function, distribute_saved_activations, *args):
+        _set_checkpointing()
+        ctx.run_function = run_function
+        ctx.rng_states = _get_all_rng_states()
+        with torch.no_grad():
+            outputs = run_function(*args)
+        ctx.save_for_backward(*args)
+        _unset_checkpointing()
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *args):
+        _set_checkpointing()
+        inputs = ctx.saved_tensors
+        with _fork_rng():
+            _set_all_rng_states(*ctx.rng_states)
+            detached_inputs = detach_variable(inputs)
+            with torch.enable_grad():
+                outputs = ctx.run_function(*detached_inputs)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        outputs, args = zip(
+            *filter(lambda x: torch.is_tensor(x[0]) and x[0].requires_grad, zip(outputs, args)))
+        torch.autograd.backward(outputs, args)
+        grads = tuple(inp.grad if isinstance(inp, torch.Tensor) else inp for inp in detached_inputs)
+        _unset_checkpointing()
+        return (None, None) + grads
+
+
+def checkpoint(function, distribute_saved_activations, *args):
+    tracker = get_cuda_rng_tracker()
+    CALLS.append(("checkpoint", dict(
+        distribute_saved_activations=distribute_saved_activations, tracker=tracker,
+        graphsafe=tracker.use_cudagraphable_rng, names=list(tracker.get_states()))))
+    return CheckpointFunction.apply(function, distribute_saved_activations, *args)
+'''
+
+TE_DISTRIBUTED = '''
+"""CPU stand-in for transformer_engine.pytorch.distributed: checkpoint and CudaRNGStatesTracker.
+
+Keyword interface as in TransformerEngine >= 1.x (use_reentrant, get_rng_state_tracker,
+distribute_saved_activations, tp_group); the tracker in its value (non-graph-safe) form on the CPU
+generator.  IGNORE_TRACKER = True makes checkpoint drop the tracker (a deliberately broken build).
+"""
+
+import contextlib
+
+import torch
+import torch.utils.checkpoint
+from torch.utils.checkpoint import detach_variable
+
+__all__ = ["checkpoint", "CudaRNGStatesTracker"]
+
+CALLS = []
+IGNORE_TRACKER = False
+
+
+class CudaRNGStatesTracker:
+    def __init__(self):
+        self.states_ = {}
+        self.seeds_ = set()
+
+    def reset(self):
+        self.states_ = {}
+        self.seeds_ = set()
+
+    def get_states(self):
+        states = {}
+        for name in self.states_:
+            states[name] = self.states_[name]
+        return states
+
+    def set_states(self, states):
+        self.states_ = states
+
+    def add(self, name, seed):
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        self.seeds_.add(seed)
+        if name in self.states_:
+            raise Exception(f"cuda rng state {name} already exists")
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name="model-parallel-rng"):
+        if name not in self.states_:
+            raise Exception(f"cuda rng state {name} is not added")
+        orig = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+
+class _CheckpointFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run_function, get_rng_state_tracker, *args):
+        ctx.run_function = run_function
+        ctx.get_rng_state_tracker = get_rng_state_tracker
+        ctx.fwd_cpu_rng_state = torch.get_rng_state()
+        if get_rng_state_tracker is not None:
+            ctx.fwd_tracker = get_rng_state_tracker().get_states()
+        with torch.no_grad():
+            outputs = run_function(*args)
+        ctx.save_for_backward(*args)
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *args):
+        inputs = ctx.saved_tensors
+        tracker = ctx.get_rng_state_tracker
+        bwd_cpu = torch.get_rng_state()
+        if tracker is not None:
+            bwd_tracker = tracker().get_states()
+        torch.set_rng_state(ctx.fwd_cpu_rng_state)
+        if tracker is not None:
+            tracker().set_states(ctx.fwd_tracker)
+        detached_inputs = detach_variable(inputs)
+        with torch.enable_grad():
+            outputs = ctx.run_function(*detached_inputs)
+        torch.set_rng_state(bwd_cpu)
+        if tracker is not None:
+            tracker().set_states(bwd_tracker)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        pairs = [(o, a) for o, a in zip(outputs, args) if torch.is_tensor(o) and o.requires_grad]
+        if not pairs:
+            raise RuntimeError("none of output has requires_grad=True, this checkpoint() is not necessary")
+        torch.autograd.backward([o for o, _ in pairs], [a for _, a in pairs])
+        grads = tuple(inp.grad if isinstance(inp, torch.Tensor) else None for inp in detached_inputs)
+        return (None, None) + grads
+
+
+class _TrackerRecompute:
+    """Recompute context of the non-reentrant path: forward-time tracker states in, then back."""
+
+    def __init__(self, get_rng_state_tracker, forward_states):
+        self.get, self.forward_states = get_rng_state_tracker, forward_states
+
+    def __enter__(self):
+        self.backward_states = self.get().get_states()
+        self.get().set_states(dict(self.forward_states))
+
+    def __exit__(self, *exc):
+        self.get().set_states(self.backward_states)
+        return False
+
+
+def checkpoint(function, *args, **kwargs):
+    use_reentrant = kwargs.pop("use_reentrant", True)
+    kwargs.pop("distribute_saved_activations", False)
+    kwargs.pop("tp_group", None)
+    get_rng_state_tracker = kwargs.pop("get_rng_state_tracker", None)
+    CALLS.append(("checkpoint", dict(use_reentrant=use_reentrant, tracker=get_rng_state_tracker,
+                                     real=get_rng_state_tracker() if get_rng_state_tracker else None)))
+    if IGNORE_TRACKER:
+        get_rng_state_tracker = None
+    if use_reentrant:
+        return _CheckpointFunction.apply(function, get_rng_state_tracker, *args)
+    context_fn = torch.utils.checkpoint.noop_context_fn
+    if get_rng_state_tracker is not None:
+        forward_states = get_rng_state_tracker().get_states()
+
+        def context_fn():
+            return contextlib.nullcontext(), _TrackerRecompute(get_rng_state_tracker, forward_states)
+
+    return torch.utils.checkpoint.checkpoint(
+        function, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context_fn)
+'''
+
+STANDINS = {
+    "megatron": {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "from . import package_info\nfrom .package_info import __version__\n",
+        "megatron/core/package_info.py": '__version__ = "0.18.1"\n',
+        "megatron/core/tensor_parallel/__init__.py": "from .random import checkpoint, get_cuda_rng_tracker\n",
+        "megatron/core/tensor_parallel/random.py": MEGATRON_RANDOM,
+    },
+    "transformer_engine": {
+        "transformer_engine/__init__.py": '__version__ = "2.9.0.dev0+standin"\n',
+        "transformer_engine/pytorch/__init__.py": "from .distributed import checkpoint, CudaRNGStatesTracker\n",
+        "transformer_engine/pytorch/distributed.py": TE_DISTRIBUTED,
+    },
+}
+BROKEN = {
+    "megatron": {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "raise ImportError(\"No module named 'triton' (stand-in)\")\n",
+    },
+    "transformer_engine": {
+        "transformer_engine/__init__.py": "raise OSError(\"libtransformer_engine.so: cannot open shared object file (stand-in)\")\n",
+    },
+}
+
+
+def _drop_modules(top: str) -> dict[str, object]:
+    dropped = {}
+    for name in list(sys.modules):
+        if name == top or name.startswith(top + "."):
+            dropped[name] = sys.modules.pop(name)
+    return dropped
+
+
+@pytest.fixture
+def install(tmp_path, monkeypatch):
+    """install(top, files) puts a stand-in package first on sys.path for this test only."""
+    saved: dict[str, object] = {}
+    lazies = (megatron_mod._RANDOM, te_mod._DISTRIBUTED)
+
+    def put(top: str, files: dict[str, str]) -> Path:
+        root = tmp_path / f"site-{top}"
+        for rel, text in files.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(text))
+        monkeypatch.syspath_prepend(str(root))
+        importlib.invalidate_caches()
+        saved.update({k: v for k, v in _drop_modules(top).items() if k not in saved})
+        for lazy in lazies:
+            lazy.forget()
+        return root
+
+    yield put
+    for top in ("megatron", "transformer_engine"):
+        _drop_modules(top)
+    sys.modules.update(saved)  # a real package imported before this test is put back
+    for lazy in lazies:
+        lazy.forget()
+
+
+@pytest.fixture
+def megatron(install):
+    install("megatron", STANDINS["megatron"])
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    return random
+
+
+@pytest.fixture
+def te(install):
+    install("transformer_engine", STANDINS["transformer_engine"])
+    return importlib.import_module("transformer_engine.pytorch.distributed")
+
+
+def _on_cpu(adapter):
+    adapter.devices = ("cpu", "cuda")
+    return adapter
+
+
+# --- loading without the packages ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["megatron", "megatron-graphsafe", "transformer-engine"])
+def test_external_impls_are_registered_and_load_without_importing_the_package(name, install):
+    install("megatron", BROKEN["megatron"])
+    install("transformer_engine", BROKEN["transformer_engine"])
+    assert name in impls.registered()
+    adapter = impls.load(name)
+    assert adapter.name == name
+    assert "megatron" not in sys.modules and "transformer_engine" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("megatron", "megatron-core does not import (megatron.core.tensor_parallel.random): "
+                     "ImportError: No module named 'triton' (stand-in)"),
+        ("megatron-graphsafe", "megatron-core does not import"),
+        ("transformer-engine", "TransformerEngine does not import (transformer_engine.pytorch.distributed): "
+                               "OSError: libtransformer_engine.so: cannot open shared object file"),
+    ],
+)
+def test_when_the_package_does_not_import_every_case_is_unsupported_with_the_error(name, fragment, install):
+    install("megatron", BROKEN["megatron"])
+    install("transformer_engine", BROKEN["transformer_engine"])
+    adapter = impls.load(name)
+    reasons = {adapter.supports(case) for case in generate()}
+    assert len(reasons) == 1 and fragment in reasons.pop()
+    result = runner.run(parse_case_id("reentrant-tracked-eager-flat-none-cpu"), adapter)
+    assert result.outcome is Outcome.UNSUPPORTED and fragment in result.reason
+    assert adapter.version is None  # neither importable nor installed here
+
+
+def test_a_missing_package_is_unsupported_with_module_not_found(monkeypatch):
+    monkeypatch.setattr(megatron_mod, "_RANDOM", LazyModule("megatron_nonexistent_pkg.random"))
+    reason = MegatronAdapter().supports(CUDA_CASE)
+    assert "ModuleNotFoundError: No module named 'megatron_nonexistent_pkg'" in reason
+
+
+def test_version_comes_from_the_distribution_when_it_does_not_import(install, tmp_path):
+    root = install("megatron", BROKEN["megatron"])
+    info = root / "megatron_core-0.17.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: megatron-core\nVersion: 0.17.1\n")
+    adapter = impls.load("megatron")
+    assert adapter.version == "0.17.1"
+    assert "does not import" in adapter.supports(CUDA_CASE)
+
+
+# --- Megatron-core against its stand-in ------------------------------------------------------------
+
+
+def test_megatron_version_and_supports_reasons(megatron, monkeypatch):
+    plain, graphsafe = impls.load("megatron"), impls.load("megatron-graphsafe")
+    assert plain.version == graphsafe.version == "0.18.1"
+    monkeypatch.setattr(megatron_mod, "graphsafe_apis_missing", lambda: [])
+    for adapter in (plain, graphsafe):
+        assert adapter.supports(CUDA_CASE) is None
+        assert adapter.supports(parse_case_id("reentrant-shared-single-nested-draws-cuda")) is None
+        assert "CUDA-only" in adapter.supports(parse_case_id("reentrant-tracked-eager-flat-none-cpu"))
+        assert "reentrant only" in adapter.supports(parse_case_id("nonreentrant-tracked-eager-flat-none-cuda"))
+    monkeypatch.setattr(megatron_mod, "graphsafe_apis_missing", lambda: ["Generator.clone_state"])
+    assert plain.supports(CUDA_CASE) is None
+    assert "Generator.clone_state" in graphsafe.supports(CUDA_CASE)
+
+
+@pytest.mark.parametrize("graphsafe", [False, True])
+def test_megatron_make_tracker_resets_the_global_tracker_in_the_adapter_mode(megatron, graphsafe):
+    adapter = MegatronAdapter(graphsafe=graphsafe)
+    first = adapter.make_tracker(torch.device("cpu"))
+    first.add("model-parallel", 2718)
+    megatron.IS_CHECKPOINTING = True  # as a case that raised mid-checkpoint would leave it
+    second = adapter.make_tracker(torch.device("cpu"))
+    assert isinstance(second, TrackerView)
+    assert second.real is megatron.get_cuda_rng_tracker() and second.real is not first.real
+    assert second.names() == [] and second.real.use_cudagraphable_rng is graphsafe
+    assert megatron.IS_CHECKPOINTING is False
+    inits = [kw for fn, kw in megatron.CALLS if fn == "initialize_rng_tracker" and kw["force_reset"]]
+    assert inits and all(kw["use_cudagraphable_rng"] is graphsafe and kw["use_te_rng_tracker"] is False
+                         for kw in inits)
+
+
+def test_megatron_checkpoint_is_called_with_distribute_saved_activations_false(megatron):
+    adapter = _on_cpu(impls.load("megatron"))
+    result = runner.run(parse_case_id("reentrant-tracked-eager-siblings-none-cpu"), adapter)
+    assert result.outcome is Outcome.PASS, result.summary()
+    calls = [kw for fn, kw in megatron.CALLS if fn == "checkpoint"]
+    assert len(calls) == 2 * runner.ITERATIONS  # two sibling regions per iteration
+    assert all(kw["distribute_saved_activations"] is False for kw in calls)
+    assert all(kw["names"] == ["model-parallel"] for kw in calls)
+
+
+def test_megatron_untracked_cases_get_a_fresh_empty_global_tracker(megatron):
+    graphsafe = _on_cpu(impls.load("megatron-graphsafe"))
+    assert runner.run(parse_case_id("reentrant-shared-eager-flat-none-cpu"), graphsafe).outcome is Outcome.MISMATCH
+    stale = megatron.get_cuda_rng_tracker()
+    assert stale.use_cudagraphable_rng and stale.get_states()  # left behind by that case
+    plain = _on_cpu(impls.load("megatron"))
+    megatron.CALLS.clear()
+    result = runner.run(parse_case_id("reentrant-untracked-eager-flat-none-cpu"), plain)
+    assert result.outcome is Outcome.PASS, result.summary()
+    calls = [kw for fn, kw in megatron.CALLS if fn == "checkpoint"]
+    assert calls and all(kw["tracker"] is not stale and kw["names"] == [] and not kw["graphsafe"] for kw in calls)
+
+
+def test_megatron_checkpoint_refuses_a_global_tracker_replaced_behind_its_back(megatron):
+    adapter = MegatronAdapter()
+    tracker = adapter.make_tracker(torch.device("cpu"))
+    megatron.initialize_rng_tracker(force_reset=True)
+    x = torch.ones(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not the tracker this run built"):
+        adapter.checkpoint(lambda h: h * 2, x, reentrant=True, tracker=tracker)
+
+
+def test_megatron_plain_tracker_passes_every_reentrant_cpu_case(megatron):
+    adapter = _on_cpu(impls.load("megatron"))
+    outcomes = {}
+    for case in CPU_CASES:
+        result = runner.run(case, adapter)
+        outcomes[case.id] = result.outcome
+        if case.mode is Mode.NONREENTRANT:
+            assert result.outcome is Outcome.UNSUPPORTED and "reentrant only" in result.reason
+        else:
+            assert result.outcome is Outcome.PASS, f"{case.id}: {result.summary()}"
+            assert result.impl_version == "0.18.1"
+    assert sum(o is Outcome.PASS for o in outcomes.values()) == len(CPU_CASES) // 2
+
+
+def test_megatron_graphsafe_tracker_is_caught_where_sites_draw_from_tracker_streams(megatron):
+    """The stand-in's graph-safe states are live objects, so its checkpoint restores nothing."""
+    adapter = _on_cpu(impls.load("megatron-graphsafe"))
+    for case in CPU_CASES:
+        if case.mode is Mode.NONREENTRANT:
+            continue
+        result = runner.run(case, adapter)
+        if case.layout in TRACKED_LAYOUTS:
+            assert result.outcome is Outcome.MISMATCH, case.id
+            oracles = {m.oracle for m in result.mismatches}
+            assert {"recompute-mask", "gradient", "live-stream"} <= oracles, (case.id, oracles)
+        else:  # the stand-in's default (CPU) stream is saved by value, unlike the CUDA one
+            assert result.outcome is Outcome.PASS, f"{case.id}: {result.summary()}"
+
+
+# --- TransformerEngine against its stand-in --------------------------------------------------------
+
+
+def test_te_version_and_supports_reasons(te):
+    adapter = impls.load("transformer-engine")
+    assert isinstance(adapter, TransformerEngineAdapter)
+    assert adapter.version == "2.9.0.dev0+standin"
+    assert adapter.supports(CUDA_CASE) is None
+    assert adapter.supports(parse_case_id("nonreentrant-shared-separate-nested-draws-cuda")) is None
+    assert "CUDA-only" in adapter.supports(parse_case_id("reentrant-tracked-eager-flat-none-cpu"))
+
+
+def test_te_passes_every_cpu_case_in_both_modes_with_its_own_tracker(te):
+    adapter = _on_cpu(impls.load("transformer-engine"))
+    for case in CPU_CASES:
+        te.CALLS.clear()
+        result = runner.run(case, adapter)
+        assert result.outcome is Outcome.PASS, f"{case.id}: {result.summary()}"
+        calls = [kw for fn, kw in te.CALLS if fn == "checkpoint"]
+        assert calls and all(kw["use_reentrant"] is (case.mode is Mode.REENTRANT) for kw in calls)
+        if case.layout is Layout.UNTRACKED:
+            assert all(kw["tracker"] is None for kw in calls)
+        else:  # TE gets its own tracker object, never the harness's view of it
+            assert all(isinstance(kw["real"], te.CudaRNGStatesTracker) for kw in calls)
+
+
+def test_te_that_drops_the_tracker_is_caught_in_the_tracked_layouts(te):
+    te.IGNORE_TRACKER = True
+    adapter = _on_cpu(impls.load("transformer-engine"))
+    for case in CPU_CASES:
+        if case.nesting.value != "flat" or case.interleave.value != "none":
+            continue
+        result = runner.run(case, adapter)
+        expected = Outcome.MISMATCH if case.layout in TRACKED_LAYOUTS else Outcome.PASS
+        assert result.outcome is expected, f"{case.id}: {result.summary()}"
+
+
+# --- TrackerView -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("graphsafe", [False, True])
+def test_tracker_view_aliases_share_one_upstream_stream(megatron, graphsafe):
+    view = MegatronAdapter(graphsafe=graphsafe).make_tracker(torch.device("cpu"))
+    view.add("shared-a", 3141)
+    view.add_alias("shared-b", "shared-a")
+    assert view.names() == ["shared-a", "shared-b"]
+    assert list(view.real.get_states()) == ["shared-a"]  # upstream never sees the alias
+    with view.fork("shared-a"):
+        first = torch.rand(8)
+    with view.fork("shared-b"):
+        second = torch.rand(8)  # continues the same stream
+    g = torch.Generator().manual_seed(3141)
+    assert torch.equal(first, torch.rand(8, generator=g)) and torch.equal(second, torch.rand(8, generator=g))
+    states = view.get_states()
+    assert torch.equal(states["shared-a"], states["shared-b"])
+    assert view.generator("shared-a") is view.generator("shared-b")
+    from harness.streams import alias_groups
+
+    assert alias_groups(view) == (("shared-a", "shared-b"),)
+    with pytest.raises(KeyError):
+        view.add_alias("shared-b", "shared-a")
+    with pytest.raises(KeyError):
+        view.add_alias("other", "nonesuch")
+
+
+@pytest.mark.parametrize("graphsafe", [False, True])
+def test_tracker_view_states_are_values_and_set_states_writes_in_place(megatron, graphsafe):
+    view = MegatronAdapter(graphsafe=graphsafe).make_tracker(torch.device("cpu"))
+    view.add("model-parallel", 2718)
+    before = view.get_states()
+    objects = view.generators()
+    assert len(objects) == (1 if graphsafe else 0)
+    with view.fork("model-parallel"):
+        torch.rand(100)
+    assert not torch.equal(view.get_states()["model-parallel"], before["model-parallel"])  # a value, not a handle
+    view.set_states(before)
+    assert torch.equal(view.get_states()["model-parallel"], before["model-parallel"])
+    assert view.generators() == objects and all(a is b for a, b in zip(view.generators(), objects))
+    assert view.real is megatron.get_cuda_rng_tracker()
+
+
+# --- third-party adapters: entry point and module:factory ------------------------------------------
+
+THIRD_PARTY = '''
+"""A third-party adapter: torch.utils.checkpoint, declining what it cannot do."""
+
+import torch.utils.checkpoint
+
+from harness.impls.base import Adapter
+
+
+class Theirs(Adapter):
+    name = "theirs"
+
+    @property
+    def version(self):
+        return "1.2.3"
+
+    def checkpoint(self, fn, *args, reentrant, tracker):
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=reentrant)
+
+    def supports(self, case):
+        if case.layout.value in ("tracked", "mixed", "shared"):
+            return "saves no tracker streams"
+        return None
+
+
+def factory():
+    return Theirs()
+'''
+
+
+@pytest.fixture
+def third_party(tmp_path, monkeypatch):
+    """Package `theirpkg` plus a dist-info registering it in `harness.implementations`."""
+    site = tmp_path / "site"
+    (site / "theirpkg").mkdir(parents=True)
+    (site / "theirpkg" / "__init__.py").write_text("")
+    (site / "theirpkg" / "adapter.py").write_text(textwrap.dedent(THIRD_PARTY))
+    info = site / "theirpkg-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: theirpkg\nVersion: 1.2.3\n")
+    (info / "entry_points.txt").write_text(
+        f"[{impls.ENTRY_POINT_GROUP}]\ntheirs = theirpkg.adapter:factory\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    for module in ("theirpkg", "theirpkg.adapter"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    yield site
+    for module in ("theirpkg", "theirpkg.adapter"):
+        sys.modules.pop(module, None)
+
+
+def _check_theirs(adapter):
+    assert type(adapter).__name__ == "Theirs" and adapter.name == "theirs"
+    passing = runner.run(parse_case_id("nonreentrant-default-eager-nested-draws-cpu"), adapter)
+    assert passing.outcome is Outcome.PASS and passing.impl_version == "1.2.3", passing.summary()
+    declined = runner.run(parse_case_id("reentrant-tracked-eager-flat-none-cpu"), adapter)
+    assert declined.outcome is Outcome.UNSUPPORTED and declined.reason == "saves no tracker streams"
+
+
+def test_third_party_adapter_is_found_through_the_entry_point_group(third_party):
+    assert impls.registered()["theirs"] == "theirpkg.adapter:factory"
+    _check_theirs(impls.load("theirs"))
+
+
+def test_third_party_adapter_is_found_by_module_and_factory(third_party):
+    _check_theirs(impls.load("theirpkg.adapter:factory"))
+
+
+def test_third_party_entry_point_works_from_the_command_line(third_party, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(third_party), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--impl", "theirs", "--device", "cpu", "--nesting", "flat",
+         "--interleave", "none", "--layout", "default,tracked", "--mode", "reentrant",
+         "--report-dir", str(tmp_path / "report"), "-q", "--no-isolate"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "report" / "results.jsonl").read_text().splitlines()]
+    assert {(r["layout"], r["outcome"], r["impl_version"]) for r in records} == {
+        ("default", "pass", "1.2.3"), ("tracked", "unsupported", "1.2.3")
+    }
