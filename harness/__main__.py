@@ -117,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if worker is not None:
             worker.close()
-    written = reporting.write(records, target)
+    written = reporting.write(records, target, expectations=entries)
     progress.finish(written)
     counts = Counter(r["verdict"] for r in records)
     return 1 if counts["fail"] or counts["stale"] else 0
@@ -217,6 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
+    except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
+        sys.stderr.close()
+        return 0
     except (UsageFailure, report_cli.UsageFailure, CaseError, impls.ImplError, shards.ShardError,
             expectations_mod.ExpectationError, reporting.ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

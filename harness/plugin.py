@@ -138,6 +138,7 @@ def harness_run(request: pytest.FixtureRequest):
         record["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")
         record["gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""
         request.node.user_properties.append((RESULT_PROPERTY, json.dumps(record)))
+        request.node.user_properties.extend(reporting.junit_properties(record))  # for --junitxml
         if result.outcome in (Outcome.UNSUPPORTED, Outcome.SKIPPED):
             pytest.skip(f"{result.outcome.value}: {result.reason}")
         if result.outcome in (Outcome.MISMATCH, Outcome.ERROR, Outcome.CRASH, Outcome.TIMEOUT):
@@ -186,7 +187,8 @@ class ReportCollector:
         option = self.config.getoption("report_dir")
         target = Path(option) if option else reporting.default_report_dir(self.config.rootpath / "reports")
         try:
-            written = reporting.write(list(self.records.values()), target)
+            written = reporting.write(list(self.records.values()), target,
+                                      expectations=self.config._harness_expectations)  # type: ignore[attr-defined]
         except reporting.ReportError as exc:
             self.line = f"harness report NOT written: {exc}"
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR

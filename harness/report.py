@@ -1,43 +1,60 @@
-"""Results -> report directory: results.jsonl (the stable source) and summary.md.
+"""Results -> report directory: results.jsonl (the stable source), summary.md, report.html,
+cases.csv and mismatches.csv.
 
 The report never re-runs anything: it reads result records (the dicts of `CaseResult.to_dict`,
-annotated by `annotate`) and renders them with pandas and tabulate (`DataFrame.to_markdown`).
+annotated by `annotate`, each carrying the environment it ran in) and renders them through pandas
+(`report_frame`), markdown (`report_markdown`, tables by `DataFrame.to_markdown`) and HTML
+(`report_html`).  `write` is the one entry point every run uses (the pytest plugin's controller,
+``python -m harness run``, ``report`` and ``merge``): it renders every file before touching the
+directory, replaces the files atomically, moves the ``latest`` pointer and appends a short summary
+to ``$GITHUB_STEP_SUMMARY`` when that is set.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
-import torch
-
-from .cases import Capture, Layout
 from .expectations import Expectation
-from .compare import Mismatch
+from .report_env import env_key, environment
+from .report_frame import (
+    FAILED_OUTCOMES,
+    STATUSES,
+    VERDICTS,
+    mismatches_frame,
+    record_key,
+    record_verdict,
+    repro_command,
+    results_frame,
+    status,
+    verdict,
+)
+from .report_markdown import (
+    MAX_MISMATCH_LINES,
+    matrix_markdown,
+    step_summary_markdown,
+    summary_markdown,
+)
 
-VERDICTS = ("pass", "fail", "xfail", "stale", "skip")
-MAX_MISMATCH_LINES = 12  # per failing case in summary.md; the jsonl keeps all of them
+__all__ = [
+    "FAILED_OUTCOMES", "MAX_MISMATCH_LINES", "REPORT_FILES", "STATUSES", "STEP_SUMMARY_LIMIT", "VERDICTS",
+    "ReportError", "annotate", "append_step_summary", "check_report_dir", "default_report_dir", "env_key",
+    "environment", "junit_properties", "matrix_markdown", "mismatches_frame", "record_key", "record_verdict",
+    "render", "repro_command", "results_frame", "status", "step_summary_markdown", "summary_markdown",
+    "unmatched_entries", "verdict", "write",
+]
+
+STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub refuses a step summary over 1 MiB
+REPORT_FILES = ("summary.md", "report.html", "cases.csv", "mismatches.csv", "results.jsonl")
 
 
 class ReportError(OSError):
-    """The report directory is unusable; the message is one line for the user."""
-
-
-def verdict(outcome: str, expected: bool) -> str:
-    """How a result counts: fail / xfail for a mismatch or error, stale for an expected failure
-    that passed, skip for unsupported or skipped cases."""
-    if outcome in ("unsupported", "skipped"):
-        return "skip"
-    failed = outcome in ("mismatch", "error")
-    if expected:
-        return "xfail" if failed else "stale"
-    return "fail" if failed else "pass"
+    """The report directory is unusable, or there is nothing to report; one line for the user."""
 
 
 def annotate(record: dict[str, Any], expectation: Expectation | None) -> dict[str, Any]:
@@ -48,137 +65,28 @@ def annotate(record: dict[str, Any], expectation: Expectation | None) -> dict[st
     return record
 
 
-def environment() -> dict[str, Any]:
-    """What ran the cases: versions, GPU, and which RNG APIs this torch build has."""
-    env: dict[str, Any] = {
-        "host": socket.gethostname(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "none",
-        "gpu": "none",
-    }
-    gen = torch.default_generator
-    apis = {
-        "Generator.graphsafe_get_state": hasattr(gen, "graphsafe_get_state"),
-        "Generator.philox_state": hasattr(gen, "philox_state"),
-        "CUDAGraph.register_generator_state": hasattr(torch.cuda.CUDAGraph, "register_generator_state")
-        if hasattr(torch.cuda, "CUDAGraph") else False,
-    }
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        env["gpu"] = f"{props.name} (sm_{props.major}{props.minor}) x{torch.cuda.device_count()}"
-        driver = getattr(torch._C, "_cuda_getDriverVersion", None)
-        if driver is not None:
-            version = driver()
-            env["driver (CUDA API)"] = f"{version // 1000}.{version % 1000 // 10}"
-        cuda_gen = torch.cuda.default_generators[0]
-        apis["Generator.philox_state"] = hasattr(cuda_gen, "philox_state")
-    env["rng_apis"] = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in apis.items())
-    return env
+def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """The case's properties for pytest's ``--junitxml`` (via ``item.user_properties``): impl,
+    case id, every axis, outcome, verdict, reason or error, the mismatches (count and one line each,
+    the first 12) and the command that reruns the case alone.  Names are prefixed ``harness.``."""
+    from .cases import AXES
 
+    props = [("harness.impl", str(record["impl"])), ("harness.case_id", str(record["case_id"]))]
+    props += [(f"harness.{axis}", str(record[axis])) for axis in AXES if axis in record]
+    props += [("harness.outcome", str(record.get("outcome", ""))),
+              ("harness.verdict", record_verdict(record))]
+    for name in ("reason", "error", "expected_failure", "expected_issue"):
+        if record.get(name):
+            props.append((f"harness.{name}", str(record[name])))
+    found = record.get("mismatches") or []
+    if found:
+        from .report_frame import mismatches
 
-def repro_command(record: dict[str, Any]) -> str:
-    """A copy-paste command that reruns one case alone."""
-    return f"python -m harness repro {record['case_id']} --impl {record['impl']}"
-
-
-def _md_escape(value: Any) -> Any:
-    return value.replace("|", "\\|") if isinstance(value, str) else value
-
-
-def _table(frame: Any) -> str:
-    frame = frame.map(_md_escape) if hasattr(frame, "map") else frame.applymap(_md_escape)
-    return frame.to_markdown()
-
-
-def results_frame(records: list[dict[str, Any]]) -> Any:
-    """One row per case with the axis columns, outcome, verdict and mismatch count."""
-    import pandas as pd
-
-    frame = pd.DataFrame(records)
-    frame["mismatch_count"] = frame["mismatches"].map(len)
-    return frame
-
-
-def _cell(group: Any) -> str:
-    counts = group["verdict"].value_counts()
-    total = len(group)
-    parts = [f"{verdict} {counts[verdict]}" for verdict in VERDICTS if verdict in counts]
-    return f"{' · '.join(parts)} /{total}"
-
-
-def matrix_markdown(frame: Any, impl: str, mode: str) -> str:
-    """Layout x capture for one impl and mode; nesting and interleave folded in as counts."""
-    import pandas as pd
-
-    part = frame[(frame["impl"] == impl) & (frame["mode"] == mode)]
-    if part.empty:
-        return ""
-    cells = {key: _cell(group) for key, group in part.groupby(["layout", "capture"])}
-    table = pd.Series(cells).unstack(fill_value="")
-    rows = [v.value for v in Layout if v.value in table.index]
-    cols = [v.value for v in Capture if v.value in table.columns]
-    table = table.reindex(index=rows, columns=cols)
-    table.index.name, table.columns.name = "layout", None
-    return _table(table)
-
-
-def summary_markdown(records: list[dict[str, Any]], env: dict[str, Any]) -> str:
-    """The markdown summary: environment, counts per impl, matrices, then every failing case."""
-    frame = results_frame(records)
-    lines = ["# Checkpoint RNG harness report", ""]
-    lines += [f"- **{key}**: {value}" for key, value in env.items()]
-    lines += ["", "## Outcomes per implementation", ""]
-    outcomes = frame.pivot_table(index="impl", columns="outcome", aggfunc="size", fill_value=0)
-    lines += [_table(outcomes), ""]
-    verdicts = frame.pivot_table(index="impl", columns="verdict", aggfunc="size", fill_value=0)
-    lines += ["Verdicts (xfail: a known failure from cases/expectations.toml; stale: an expected "
-              "failure that passed):", "", _table(verdicts), ""]
-    lines += ["## Layout x capture", ""]
-    for impl in sorted(frame["impl"].unique()):
-        for mode in sorted(frame["mode"].unique()):
-            table = matrix_markdown(frame, impl, mode)
-            if table:
-                lines += [f"### {impl} · {mode}", "", table, ""]
-    failing = [r for r in records if r["verdict"] in ("fail", "xfail", "stale")]
-    lines += ["## Failing and stale cases", ""]
-    if not failing:
-        lines += ["None.", ""]
-    for record in sorted(failing, key=lambda r: (r["verdict"] != "fail", r["impl"], r["case_id"])):
-        lines += _case_section(record)
-    return "\n".join(lines)
-
-
-def _case_section(record: dict[str, Any]) -> list[str]:
-    title = f"### {record['impl']} · `{record['case_id']}` · {record['verdict']} ({record['outcome']})"
-    lines = [title, ""]
-    if record.get("expected_failure"):
-        lines += [f"Expected: {record['expected_failure']}", ""]
-    if record["outcome"] == "error":
-        lines += ["```", record["error"], "```", ""]
-    mismatches = [Mismatch(**{**m, "first_index": _index(m["first_index"])}) for m in record["mismatches"]]
-    if mismatches:
-        lines += ["```"] + [m.message() for m in mismatches[:MAX_MISMATCH_LINES]]
-        if len(mismatches) > MAX_MISMATCH_LINES:
-            lines.append(f"... {len(mismatches) - MAX_MISMATCH_LINES} more in results.jsonl")
-        lines += ["```", ""]
-    lines += ["Rerun alone:", "", "```sh", repro_command(record), "```", ""]
-    return lines
-
-
-def _index(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        lines = [m.message() for m in mismatches(record)]
+        props.append(("harness.mismatch_count", str(len(lines))))
+        props += [(f"harness.mismatch.{i}", line) for i, line in enumerate(lines[:MAX_MISMATCH_LINES])]
+    props.append(("harness.repro", repro_command(record)))
+    return props
 
 
 def default_report_dir(root: "str | Path" = "reports") -> Path:
@@ -186,36 +94,157 @@ def default_report_dir(root: "str | Path" = "reports") -> Path:
     return Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def write(records: Iterable[dict[str, Any]], report_dir: "str | Path", env: dict[str, Any] | None = None) -> Path:
-    """Write results.jsonl and summary.md into `report_dir` (created); return the directory.
+def check_report_dir(path: "str | Path") -> None:
+    """Raise ReportError when `path` cannot become a writable report directory."""
+    path = Path(path)
+    existing = next((p for p in [path, *path.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ReportError(f"report directory {path} is unusable: {existing} is not a directory")
+    if existing is not None and not os.access(existing, os.W_OK):
+        raise ReportError(f"report directory {path} is unusable: {existing} is not writable")
 
-    Each file is written atomically, and `reports/latest` (a symlink beside the run directory)
-    points at the newest run.
+
+def unmatched_entries(expectations: Iterable[Expectation]) -> list[str]:
+    """Expectation entries that match no generated case, described in one line each."""
+    from . import expectations as expectations_mod
+    from .cases import generate
+
+    return [e.describe() for e in expectations_mod.unmatched(list(expectations), [c.id for c in generate()])]
+
+
+def render(records: Sequence[dict[str, Any]], *, unmatched: Sequence[str] | None = None,
+           ) -> tuple[dict[str, str], dict[str, str]]:
+    """Every report file as text, results.jsonl last: ({name: text}, {name: why it failed}).
+
+    results.jsonl cannot fail; a view whose renderer raises is left out and named, so a bug in a
+    view never costs the results.
     """
-    records = sorted(records, key=lambda r: (r["impl"], r["case_id"]))
+    from .report_html import render_html
+
+    generated = f"written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+    views: dict[str, Callable[[], str]] = {
+        "summary.md": lambda: summary_markdown(list(records), unmatched=unmatched),
+        "report.html": lambda: render_html(records, unmatched=unmatched, generated=generated),
+        "cases.csv": lambda: results_frame(list(records)).to_csv(index=False),
+        "mismatches.csv": lambda: mismatches_frame(list(records)).to_csv(index=False),
+    }
+    files, failed = {}, {}
+    for name, make in views.items():
+        try:
+            files[name] = make()
+        except Exception as exc:  # noqa: BLE001 - reported below, results still written
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    files["results.jsonl"] = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+    return files, failed
+
+
+def write(records: Iterable[dict[str, Any]], report_dir: "str | Path", env: dict[str, Any] | None = None,
+          *, expectations: Iterable[Expectation] | None = None, unmatched: Sequence[str] | None = None,
+          step_summary: bool = True) -> Path:
+    """Write the report of `records` into `report_dir` (created); return the directory.
+
+    A record keeps the environment it carries (`env`), so merged reports keep each case's GPU and
+    host; records without one get `env` (default: this process's `environment()`).  Every file is
+    rendered before the directory is touched, written to a temporary file and then moved into
+    place, results.jsonl last: a crash leaves the previous report as it was.  Also points
+    ``latest`` (beside a run directory under ``reports/``) at `report_dir`, and appends a short
+    summary to ``$GITHUB_STEP_SUMMARY`` when it is set and `step_summary` is true.  `expectations`
+    (the entries the run used) lists the entries that match no case; `unmatched` gives them as lines.
+    An empty run, or a directory that cannot be written, raises ReportError and writes nothing.
+    """
     report_dir = Path(report_dir)
+    records = [dict(r) for r in records]
+    if not records:
+        raise ReportError(f"no results to report: the run produced no cases; nothing written to {report_dir}")
+    if any(not r.get("env") for r in records):
+        env = dict(env) if env else environment()
+        for record in records:
+            record["env"] = record.get("env") or env
+    records.sort(key=record_key)
+    if unmatched is None and expectations is not None:
+        unmatched = unmatched_entries(expectations)
+    files, failed = render(records, unmatched=unmatched)
+    _prepare(report_dir)
+    _commit(report_dir, files)
+    for name in failed:  # an old view would contradict the new results: better none
+        (report_dir / name).unlink(missing_ok=True)
+    _point_latest(report_dir)
+    if step_summary:
+        append_step_summary(records, report_dir)
+    if failed:
+        raise ReportError(f"report written to {report_dir} without {', '.join(failed)}: "
+                          + "; ".join(f"{name}: {why}" for name, why in failed.items()))
+    return report_dir
+
+
+def _prepare(report_dir: Path) -> None:
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReportError(f"cannot create report directory {report_dir}: {exc.strerror or exc}") from None
     if not os.access(report_dir, os.W_OK):
         raise ReportError(f"report directory {report_dir} is not writable")
-    env = env or environment()
-    jsonl = "".join(json.dumps({**r, "env": env}, sort_keys=True) + "\n" for r in records)
-    _atomic_write(report_dir / "results.jsonl", jsonl)
-    if records:
-        _atomic_write(report_dir / "summary.md", summary_markdown(records, env))
-    _point_latest(report_dir)
-    return report_dir
+
+
+def _commit(report_dir: Path, files: dict[str, str]) -> None:
+    """Write each file to a temporary name in `report_dir`, then move them all into place."""
+    temps: list[tuple[str, Path]] = []
+    replaced = 0
+    try:
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(dir=report_dir, prefix=f".{name}.", suffix=".tmp")
+            temps.append((tmp, report_dir / name))
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                if hasattr(os, "fchmod"):
+                    os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide the report from others
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for tmp, final in temps:
+            os.replace(tmp, final)
+            replaced += 1
+    except OSError as exc:
+        kept = "the previous report there is unchanged" if not replaced else "it may be incomplete"
+        raise ReportError(f"cannot write the report into {report_dir}: {exc.strerror or exc}; {kept}") from None
+    finally:
+        for tmp, _ in temps[replaced:]:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _point_latest(report_dir: Path) -> None:
-    latest = report_dir.parent / "latest"
+    """Point ``<parent>/latest`` at `report_dir` where the parent is a reports root: named
+    ``reports`` or already holding a ``latest`` link (never a stray link beside any --report-dir)."""
+    parent = report_dir.absolute().parent
+    latest = parent / "latest"
+    if report_dir.name == "latest" or not (parent.name == "reports" or latest.is_symlink()):
+        return
     try:
         if latest.is_symlink() or not latest.exists():
-            tmp = report_dir.parent / f".latest.{os.getpid()}"
+            tmp = parent / f".latest.{os.getpid()}"
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(report_dir.name)
             os.replace(tmp, latest)
     except OSError:
         pass  # the pointer is a convenience; the run directory itself is complete
+
+
+def append_step_summary(records: Sequence[dict[str, Any]], report_dir: "str | Path",
+                        path: "str | Path | None" = None) -> bool:
+    """Append a short summary to ``$GITHUB_STEP_SUMMARY`` (or `path`) so that the file stays under
+    1 MiB, details folded in <details>.  Returns whether something was appended; never raises (a
+    CI convenience must not fail the run: a problem is one line on stderr)."""
+    target = path or os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return False
+    try:
+        used = os.path.getsize(target) if os.path.exists(target) else 0
+        text = step_summary_markdown(records, str(report_dir), STEP_SUMMARY_LIMIT - used - 1)
+        if not text:
+            print(f"harness: step summary left out: {target} is nearly 1 MiB already", file=sys.stderr)
+            return False
+        with open(target, "a", encoding="utf-8") as handle:
+            handle.write(text if text.endswith("\n") else text + "\n")
+        return True
+    except Exception as exc:  # noqa: BLE001
+        print(f"harness: cannot append the step summary to {target}: {exc}", file=sys.stderr)
+        return False

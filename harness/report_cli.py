@@ -1,4 +1,14 @@
-"""Report commands of the command line: ``report`` (rebuild a report from results.jsonl)."""
+"""Report commands of the command line.
+
+``report DIR``: rewrite DIR's report files from its results.jsonl.
+``merge DIR... --out DIR``: join the reports of separate jobs (shards, GPU types) into one; each
+case keeps the environment it ran in.
+``compare BASE NEW``: new failures, fixed cases and changed results; exit status 1 on a new failure.
+
+Bad input (a missing directory, a corrupt or truncated results.jsonl line, an empty report, an
+unwritable output) is a `UsageFailure`: one line, exit status 2, and nothing already written is
+touched.
+"""
 
 from __future__ import annotations
 
@@ -8,40 +18,127 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import report as reporting
+from . import report_merge
+
+REQUIRED_KEYS = ("impl", "case_id", "outcome")
 
 
 class UsageFailure(Exception):
     """Bad input: printed as one line by the command line, exit status 2."""
 
 
+def results_path(location: "str | Path") -> Path:
+    """DIR/results.jsonl for a report directory; a path to a .jsonl file as it is."""
+    location = Path(location)
+    return location if location.suffix == ".jsonl" and not location.is_dir() else location / "results.jsonl"
+
+
 def read_results(directory: "str | Path") -> list[dict[str, Any]]:
-    """Every record of DIR/results.jsonl; a missing file or a corrupt line is a UsageFailure."""
-    directory = Path(directory)
-    source = directory / "results.jsonl"
+    """Every record of DIR/results.jsonl (or of a .jsonl file given directly).
+
+    A missing or unreadable file, a line that is not a JSON object (corrupt, or truncated by a job
+    that died mid-write) or a record without impl, case_id and outcome is a UsageFailure naming
+    file:line.  Blank lines are skipped.
+    """
+    source = results_path(directory)
     if not source.is_file():
-        raise UsageFailure(f"no results.jsonl in {directory}")
+        where = source.parent if source.name == "results.jsonl" else source
+        raise UsageFailure(f"no results.jsonl in {where}" if source.name == "results.jsonl"
+                           else f"no such results file: {where}")
+    try:
+        raw = source.read_bytes()
+    except OSError as exc:
+        raise UsageFailure(f"cannot read {source}: {exc.strerror or exc}") from None
     records = []
-    for number, line in enumerate(source.read_text().splitlines(), start=1):
+    lines = raw.split(b"\n")
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        truncated = number == len(lines) and not raw.endswith(b"\n")
         try:
-            records.append(json.loads(line))
+            record = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise UsageFailure(f"{source}:{number}: not UTF-8 text") from None
         except json.JSONDecodeError as exc:
-            raise UsageFailure(f"{source}:{number}: not a JSON record ({exc.msg})") from None
+            what = "truncated record (the file ends mid-line)" if truncated else "not a JSON record"
+            raise UsageFailure(f"{source}:{number}: {what} ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(record, dict):
+            raise UsageFailure(f"{source}:{number}: not a JSON object")
+        missing = [key for key in REQUIRED_KEYS if key not in record]
+        if missing:
+            raise UsageFailure(f"{source}:{number}: record lacks {', '.join(missing)}")
+        records.append(record)
     return records
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    records = read_results(args.report_dir)
+def read_nonempty(location: "str | Path") -> list[dict[str, Any]]:
+    """`read_results`, where a report without a single result is a UsageFailure too."""
+    records = read_results(location)
     if not records:
-        raise UsageFailure(f"{Path(args.report_dir) / 'results.jsonl'} holds no results")
-    env = records[0].get("env") or reporting.environment()
-    print(f"report: {reporting.write(records, args.report_dir, env)}")
+        raise UsageFailure(f"{results_path(location)} holds no results")
+    return records
+
+
+def _write(records: list[dict[str, Any]], target: "str | Path") -> Path:
+    try:
+        return reporting.write(records, target, env=dict(report_merge.UNKNOWN_ENV))
+    except reporting.ReportError as exc:
+        raise UsageFailure(str(exc)) from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    records = read_nonempty(args.report_dir)
+    target = Path(args.report_dir)
+    target = target.parent if target.suffix == ".jsonl" and not target.is_dir() else target
+    print(f"report: {_write(records, target)}")
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    inputs = [Path(d) for d in args.dirs]
+    if out.exists() and not out.is_dir():
+        raise UsageFailure(f"--out {out} is not a directory")
+    in_inputs = any(results_path(d).resolve() == (out / "results.jsonl").resolve() for d in inputs)
+    if (out / "results.jsonl").exists() and not in_inputs:
+        raise UsageFailure(f"--out {out} already holds a report; pass it as an input to merge into it, "
+                           "or choose another directory")
+    sources = [(str(d), read_nonempty(d)) for d in inputs]
+    records, notes = report_merge.merge(sources)
+    written = _write(records, out)
+    envs = {reporting.env_key(r.get("env")) for r in records}
+    print(f"merged {len(records)} cases from {len(sources)} reports ({len(envs)} environment"
+          f"{'s' * (len(envs) != 1)}) into {written}")
+    for note in notes:
+        print(note)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    base = read_nonempty(args.base)
+    new = read_nonempty(args.new)
+    comparison = report_merge.compare(base, new)
+    print("\n".join(comparison.lines(str(args.base), str(args.new))))
+    return 1 if comparison.new_failures else 0
+
+
 def add_commands(sub: Any, commands: dict[str, Callable[[argparse.Namespace], int]]) -> None:
-    """Register this module's subcommands on the `python -m harness` parser."""
+    """Register this module's subcommands (report, merge, compare) on the `python -m harness` parser."""
     p_report = sub.add_parser("report", help="rewrite the report files from a directory's results.jsonl")
     p_report.add_argument("report_dir")
     commands["report"] = cmd_report
+
+    p_merge = sub.add_parser("merge", help="merge the reports of separate jobs (shards, GPU types) into one",
+                             description="Join report directories into one report. A case is kept once "
+                                         "per environment (GPU and host) it ran in.")
+    p_merge.add_argument("dirs", nargs="+", metavar="DIR", help="report directories (or results.jsonl files)")
+    p_merge.add_argument("--out", required=True, metavar="DIR", help="where the merged report goes")
+    commands["merge"] = cmd_merge
+
+    p_compare = sub.add_parser("compare", help="new failures, fixed cases and changed results; exit 1 on a "
+                                               "new failure",
+                               description="Compare two reports case by case. Exit status 1 when a case "
+                                           "fails in NEW that did not fail in BASE.")
+    p_compare.add_argument("base", metavar="BASE", help="report directory (or results.jsonl) of the base run")
+    p_compare.add_argument("new", metavar="NEW", help="report directory (or results.jsonl) of the new run")
+    commands["compare"] = cmd_compare

@@ -1,0 +1,182 @@
+"""Result records as data: one pandas DataFrame row per case, one per mismatch.
+
+A record is a dict of `CaseResult.to_dict`, annotated by `report.annotate` (verdict, expected
+failure) and carrying the environment it ran in (`env`).  Renderers (markdown, HTML, CSV) read
+these frames; nothing here re-runs a case.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Iterable, Mapping
+
+from .cases import AXES
+from .compare import Mismatch
+from .report_env import env_key, env_labels
+
+VERDICTS = ("pass", "fail", "xfail", "stale", "skip")
+FAILED_OUTCOMES = ("mismatch", "error", "crash", "timeout")
+OUTCOMES = ("pass", *FAILED_OUTCOMES, "unsupported", "skipped")
+# What a case shows as in tables and colours: its outcome, except that known failures read
+# "xfail" and expected failures that passed read "stale".
+STATUSES = ("pass", "mismatch", "error", "crash", "timeout", "stale", "xfail", "unsupported", "skipped")
+# Statuses that get a details section (and a link from the matrices).
+DETAILED = ("mismatch", "error", "crash", "timeout", "stale", "xfail")
+UNEXPECTED = ("mismatch", "error", "crash", "timeout", "stale")
+
+CASE_COLUMNS = (
+    "impl", "case_id", "env", *AXES, "outcome", "verdict", "status", "reason", "error",
+    "expected_failure", "expected_issue", "mismatch_count", "oracles", "first_mismatch",
+    "mismatch_lines", "duration_s", "worker", "impl_version", "iterations", "repro", "env_key",
+)
+MISMATCH_COLUMNS = (
+    "impl", "case_id", "env", "oracle", "subject", "iteration", "count", "total", "first_index",
+    "got", "expected", "detail", "message", "env_key",
+)
+
+
+def verdict(outcome: str, expected: bool) -> str:
+    """How a result counts: fail / xfail for a failed case (mismatch, error, crash, timeout), stale
+    for an expected failure that passed, skip for unsupported or skipped cases."""
+    if outcome in ("unsupported", "skipped"):
+        return "skip"
+    failed = outcome in FAILED_OUTCOMES
+    if expected:
+        return "xfail" if failed else "stale"
+    return "fail" if failed else "pass"
+
+
+def record_verdict(record: Mapping[str, Any]) -> str:
+    """The record's verdict, computed from its outcome where an older record lacks one."""
+    return record.get("verdict") or verdict(record.get("outcome", ""), bool(record.get("expected_failure")))
+
+
+def status(record: Mapping[str, Any]) -> str:
+    """What the case shows as: its outcome, or "xfail" / "stale" where the expectations file spoke."""
+    found = record_verdict(record)
+    return found if found in ("xfail", "stale") else str(record.get("outcome", ""))
+
+
+def record_key(record: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A case's identity across runs and merges: impl, case id and environment (GPU and host)."""
+    return (str(record["impl"]), str(record["case_id"]), env_key(record.get("env")))
+
+
+def mismatches(record: Mapping[str, Any]) -> list[Mismatch]:
+    """The record's mismatches as `Mismatch` objects (first_index back to a tuple)."""
+    out = []
+    for m in record.get("mismatches") or []:
+        index = m.get("first_index")
+        fields = {k: v for k, v in m.items() if k in Mismatch.__dataclass_fields__}
+        out.append(Mismatch(**{**fields, "first_index": tuple(index) if isinstance(index, list) else index}))
+    return out
+
+
+def repro_command(record: Mapping[str, Any]) -> str:
+    """A copy-paste command that reruns one case alone."""
+    return f"python -m harness repro {shlex.quote(str(record['case_id']))} --impl {shlex.quote(str(record['impl']))}"
+
+
+def labels_of(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Environment key -> short unique label, over the environments of `records`."""
+    envs: dict[str, Mapping[str, Any]] = {}
+    for record in records:
+        envs.setdefault(env_key(record.get("env")), record.get("env") or {})
+    return env_labels(envs)
+
+
+def environments(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Environment label -> environment, in the order first seen."""
+    records = list(records)
+    labels = labels_of(records)
+    out: dict[str, dict[str, Any]] = {}
+    for record in records:
+        out.setdefault(labels[env_key(record.get("env"))], dict(record.get("env") or {}))
+    return out
+
+
+def results_frame(records: list[dict[str, Any]]) -> Any:
+    """One row per case: identity, every axis, outcome, verdict, status, reason or error, the
+    mismatches (count, oracles, first and all lines), duration, worker and the environment
+    (as `env.<field>` columns).  Extra scalar keys of the records (new axes) come along too."""
+    import pandas as pd
+
+    labels = labels_of(records)
+    rows = []
+    extra: list[str] = []
+    for record in records:
+        found = mismatches(record)
+        key = env_key(record.get("env"))
+        row: dict[str, Any] = {
+            "impl": record.get("impl", ""), "case_id": record.get("case_id", ""), "env": labels[key],
+            **{axis: record.get(axis, "") for axis in AXES},
+            "outcome": record.get("outcome", ""), "verdict": record_verdict(record),
+            "status": status(record), "reason": record.get("reason", ""), "error": record.get("error", ""),
+            "expected_failure": record.get("expected_failure", ""),
+            "expected_issue": record.get("expected_issue", ""),
+            "mismatch_count": len(found),
+            "oracles": ", ".join(dict.fromkeys(m.oracle for m in found)),
+            "first_mismatch": found[0].message() if found else "",
+            "mismatch_lines": "\n".join(m.message() for m in found),
+            "duration_s": record.get("duration_s"), "worker": record.get("worker", ""),
+            "impl_version": record.get("impl_version"), "iterations": record.get("iterations"),
+            "repro": repro_command(record) if "case_id" in record and "impl" in record else "",
+            "env_key": key,
+        }
+        for name, value in record.items():
+            if name not in row and name not in ("env", "mismatches", "traceback") and _scalar(value):
+                row[name] = value
+                if name not in extra:
+                    extra.append(name)
+        for name, value in (record.get("env") or {}).items():
+            row[f"env.{name}"] = value
+        rows.append(row)
+    env_columns = sorted({c for row in rows for c in row if c.startswith("env.")})
+    return pd.DataFrame(rows, columns=[*CASE_COLUMNS, *extra, *env_columns])
+
+
+def mismatches_frame(records: list[dict[str, Any]]) -> Any:
+    """One row per mismatch: the case, oracle, site / stream / tensor, iteration, k of n, the first
+    differing index with both values, and the PyTorch-style message."""
+    import pandas as pd
+
+    labels = labels_of(records)
+    rows = []
+    for record in records:
+        key = env_key(record.get("env"))
+        for m in mismatches(record):
+            rows.append({
+                "impl": record["impl"], "case_id": record["case_id"], "env": labels[key],
+                "oracle": m.oracle, "subject": m.subject, "iteration": m.iteration, "count": m.count,
+                "total": m.total, "first_index": "" if m.first_index is None else str(m.first_index),
+                "got": m.got, "expected": m.expected, "detail": m.detail, "message": m.message(),
+                "env_key": key,
+            })
+    return pd.DataFrame(rows, columns=list(MISMATCH_COLUMNS))
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def ordered(values: Iterable[str], axis: str) -> list[str]:
+    """Distinct axis values in the enum's order, unknown values (new axes' values) after, sorted."""
+    present = list(dict.fromkeys(str(v) for v in values))
+    known = [v.value for v in AXES[axis]] if axis in AXES else []
+    return [v for v in known if v in present] + sorted(v for v in present if v not in known)
+
+
+def case_sort_key(record: Mapping[str, Any]) -> tuple:
+    """Unexpected failures first, then stale, then known failures; by impl, case, environment."""
+    rank = {"fail": 0, "stale": 1, "xfail": 2}.get(record_verdict(record), 3)
+    return (rank, *record_key(record))
+
+
+def anchor(record: Mapping[str, Any]) -> str:
+    """A stable HTML id for a case's details: readable, and unique per impl, case and environment."""
+    import hashlib
+
+    impl, case_id, key = record_key(record)
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{impl}--{case_id}")
+    return f"case-{slug}-{hashlib.sha1(key.encode()).hexdigest()[:6]}"

@@ -1,0 +1,125 @@
+"""Report commands: report, merge (shards, GPU types), compare, and their bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import report
+from harness.__main__ import main
+
+from test_report import ENV_A, ENV_B, rec
+
+ROOT = Path(__file__).resolve().parent.parent
+IDS = ["reentrant-default-eager-flat-none-cpu", "reentrant-tracked-eager-flat-none-cpu",
+       "nonreentrant-mixed-eager-nested-draws-cpu", "nonreentrant-shared-eager-siblings-none-cpu"]
+
+
+def write(directory: Path, records: list[dict]) -> Path:
+    return report.write(records, directory, step_summary=False)
+
+
+def lines_of(directory: Path) -> list[dict]:
+    return [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines()]
+
+
+def test_merge_keeps_each_environment_and_loses_nothing(tmp_path, capsys):
+    a = write(tmp_path / "h100", [rec(i, env=ENV_A) for i in IDS] + [rec(IDS[1], impl="torch", outcome="mismatch")])
+    b = write(tmp_path / "a100", [rec(i, env=ENV_B) for i in IDS] + [rec(IDS[1], impl="torch", outcome="pass",
+                                                                          env=ENV_B)])
+    assert main(["merge", str(a), str(b), "--out", str(tmp_path / "all")]) == 0
+    assert "merged 10 cases from 2 reports (2 environments)" in capsys.readouterr().out
+    merged = lines_of(tmp_path / "all")
+    assert len(merged) == 10
+    key = lambda r: (r["impl"], r["case_id"], r["env"]["gpu"], r["env"]["host"])  # noqa: E731
+    assert sorted(map(key, merged)) == sorted(map(key, lines_of(a) + lines_of(b)))
+    summary = (tmp_path / "all" / "summary.md").read_text()
+    assert "## Environments" in summary and "| NVIDIA H100 (sm_90) x1 " in summary
+    assert "### torch · reentrant · NVIDIA A100-SXM4-80GB (sm_80) x1" in summary
+    assert "### torch · reentrant · NVIDIA H100 (sm_90) x1" in summary
+    page = (tmp_path / "all" / "report.html").read_text()
+    assert page.count('<table class="matrix">') == 6  # 2 impls x 2 envs, bundled with 2 modes
+
+
+def test_merging_shards_of_one_job_joins_them_and_drops_exact_duplicates(tmp_path, capsys):
+    one = write(tmp_path / "s1", [rec(i) for i in IDS[:3]])
+    two = write(tmp_path / "s2", [rec(i) for i in IDS[2:]])
+    assert main(["merge", str(one), str(two / "results.jsonl"), "--out", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    assert "merged 4 cases from 2 reports (1 environment)" in out
+    assert "1 case appeared in more than one input with the same result" in out
+    assert len(lines_of(tmp_path / "m")) == 4
+
+
+def test_merge_refuses_to_overwrite_a_report_it_was_not_given(tmp_path):
+    one = write(tmp_path / "s1", [rec()])
+    other = write(tmp_path / "other", [rec(IDS[1])])
+    before = (other / "results.jsonl").read_bytes()
+    assert main(["merge", str(one), "--out", str(other)]) == 2
+    assert (other / "results.jsonl").read_bytes() == before
+    assert main(["merge", str(one), str(other), "--out", str(other)]) == 0  # merging into it: fine
+    assert len(lines_of(other)) == 2
+
+
+def test_compare_lists_new_failures_fixed_and_changed_and_exits_1_on_a_new_failure(tmp_path, capsys):
+    base = write(tmp_path / "base", [rec(IDS[0]), rec(IDS[1], outcome="mismatch"), rec(IDS[2]),
+                                     rec(IDS[3], outcome="mismatch", expected="known")])
+    new = write(tmp_path / "new", [rec(IDS[0], outcome="mismatch"), rec(IDS[1]), rec(IDS[2]),
+                                   rec(IDS[3], outcome="error", error="RuntimeError: boom", expected="known")])
+    assert main(["compare", str(base), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "New failures: 1\n  bundled reentrant-default-eager-flat-none-cpu" in out
+    assert "pass -> mismatch" in out and "rerun: python -m harness repro reentrant-default-eager-flat-none-cpu" in out
+    assert "Fixed: 1\n  bundled reentrant-tracked-eager-flat-none-cpu" in out and "mismatch -> pass" in out
+    assert "Changed results: 1\n  bundled nonreentrant-shared-eager-siblings-none-cpu" in out
+    assert "mismatch (xfail) -> error (xfail)" in out
+    assert main(["compare", str(new), str(new)]) == 0
+    assert "New failures: 0" in capsys.readouterr().out
+
+
+def test_compare_matches_the_same_gpu_on_another_runner_and_keeps_other_gpus_apart(tmp_path, capsys):
+    base = write(tmp_path / "base", [rec(IDS[0], env=ENV_A), rec(IDS[0], env=ENV_B)])
+    renamed = {**ENV_A, "host": "ci-zzz"}
+    new = write(tmp_path / "new", [rec(IDS[0], env=renamed, outcome="mismatch"), rec(IDS[0], env=ENV_B)])
+    assert main(["compare", str(base), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "New failures: 1" in out and "NVIDIA H100 (sm_90) x1 @ ci-zzz" in out
+    assert "Only in base (not run in new): 0" in out and "Only in new (not run in base): 0" in out
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"impl": "a", "case_id": "b", "outcome": "pass"}\n{"impl": "a", "case_id"', ":2: truncated record"),
+    ('{"impl": "a", "case_id": "b", "outcome": "pass"}\nnot json\n{}\n', ":2: not a JSON record"),
+    ('[1, 2]\n', ":1: not a JSON object"),
+    ('{"impl": "a"}\n', ":1: record lacks case_id, outcome"),
+    ("\n\n", "holds no results"),
+])
+def test_a_bad_results_file_is_one_line_naming_file_and_line(tmp_path, capsys, content, message):
+    (tmp_path / "results.jsonl").write_text(content)
+    for args in (["report", str(tmp_path)], ["merge", str(tmp_path), "--out", str(tmp_path / "m")],
+                 ["compare", str(tmp_path), str(tmp_path)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and str(tmp_path / "results.jsonl") in err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "summary.md").exists()
+
+
+def test_report_rewrites_every_file_from_results_jsonl(tmp_path, capsys):
+    target = write(tmp_path / "r", [rec(), rec(IDS[1], outcome="mismatch")])
+    (target / "report.html").unlink()
+    assert main(["report", str(target)]) == 0
+    assert (target / "report.html").exists() and len(lines_of(target)) == 2
+
+
+def test_bad_input_from_the_shell_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "results.jsonl").write_text('{"impl": "a", "case_id": "b", "outcome": "pass"}\n{"trunc')
+    args = ["merge", str(tmp_path), "--out", str(tmp_path / "m")]
+    proc = subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "results.jsonl:2: truncated record" in proc.stderr
+    assert not (tmp_path / "m").exists()
