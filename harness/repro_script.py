@@ -26,17 +26,26 @@ def checkpoint(fn, *args, tracker):
     return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=REENTRANT, preserve_rng_state=True)
 '''
 
-ADAPTER_BLOCK = '''from harness.impls import load  # noqa: E402  (the implementation under test, via its adapter)
+ADAPTER_BLOCK = '''def _impl():
+    # The implementation under test, through its ckpt-rng-harness adapter (imported on first use,
+    # so a missing package is an error of the setup, exit status 2).
+    from harness.impls import load
 
-_IMPL = load(IMPL)
+    global _IMPL
+    if _IMPL is None:
+        _IMPL = load(IMPL)
+    return _IMPL
+
+
+_IMPL = None
 
 
 def make_tracker(device):
-    return _IMPL.make_tracker(device)
+    return _impl().make_tracker(device)
 
 
 def checkpoint(fn, *args, tracker):
-    return _IMPL.checkpoint(fn, *args, reentrant=REENTRANT, tracker=tracker)
+    return _impl().checkpoint(fn, *args, reentrant=REENTRANT, tracker=tracker)
 '''
 
 

@@ -302,4 +302,11 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except Exception:  # a broken setup is not a reproduced mismatch: exit 2, not 1
+        import traceback
+
+        traceback.print_exc()
+        status = 2
+    sys.exit(status)

@@ -4,7 +4,8 @@ Steps: region entry and exit in forward, after the interleaved draws, region ent
 recompute, after backward.  A recompute step is held against the reference's forward step of the
 same region (a recompute must start where the forward started and end where it ended); every
 other step against the reference's same step.  The first step where a stream differs is marked.
-Under CUDA-graph capture the states are read at capture time, relative to the capture.
+Under CUDA-graph capture the region steps are read while capturing (iteration "capture", states
+relative to the capture) and the after-backward steps after each replay; warm-up steps are left out.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import Counter
 from typing import Any
 
 import torch
+
+from .workload import CAPTURE
 
 Event = tuple[int, str, dict[str, torch.Tensor]]
 
@@ -55,7 +58,7 @@ def rows(reference: list[Event], checkpointed: list[Event]) -> list[dict[str, An
             elif ref_state is not None and not same:
                 mark = "differs"
             out.append({
-                "iteration": it, "step": label, "stream": stream,
+                "iteration": "capture" if it == CAPTURE else it, "step": label, "stream": stream,
                 "reference": show_state(ref_state) if ref_state is not None else "-",
                 "checkpointed": show_state(state), "": mark,
             })

@@ -26,6 +26,7 @@ STREAM_SEEDS = {TRACKED_STREAM: 2718, SHARED_STREAMS[0]: 3141}
 INTERLEAVE_NUMEL = 1000  # per live stream, between forward and backward
 
 FORWARD, RECOMPUTE = "forward", "recompute"
+WARMUP, CAPTURE = -1, -2  # MaskLog iterations of the eager warm-up and of the capture itself
 
 CheckpointFn = Callable[..., Any]  # checkpoint(fn, *args) -> fn(*args), checkpointed
 
@@ -172,7 +173,7 @@ class Workload:
 
     def event(self, label: str) -> None:
         """Record every stream's state under `label` (only when a timeline was asked for)."""
-        if self.events is not None:
+        if self.events is not None and self.log.iteration != WARMUP:
             from .streams import snapshot_streams
 
             self.events.append((self.log.iteration, label, snapshot_streams(self.tracker).states))

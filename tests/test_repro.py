@@ -70,3 +70,11 @@ def test_repro_command_prints_the_timeline_and_writes_the_script(tmp_path, capsy
     out = capsys.readouterr().out
     assert "RNG timeline, reference vs checkpointed" in out and "<-- first divergence" in out
     assert script.read_text().startswith("#!/usr/bin/env python3")
+
+
+def test_a_script_whose_setup_fails_exits_2_not_1(tmp_path):
+    script = tmp_path / "repro.py"
+    script.write_text(render(parse_case_id("reentrant-default-eager-flat-none-cpu"), "no-such-impl"))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "unknown implementation 'no-such-impl'" in proc.stderr
