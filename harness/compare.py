@@ -113,3 +113,22 @@ def bitwise_diff(
         first_index=_index(got.shape, first),
         got=_show(got.detach().cpu(), first), expected=_show(expected.detach().cpu(), first),
     )
+
+
+def any_differences(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """For each pair, whether dtype, shape or any bit differs; one host sync per device in all.
+
+    The per-element work stays on the tensors' device; only one boolean per pair comes back.
+    """
+    flags: list[bool | None] = [None] * len(pairs)
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for index, (got, expected) in enumerate(pairs):
+        if got.dtype != expected.dtype or got.shape != expected.shape:
+            flags[index] = True
+            continue
+        differs = (int_view(got) != int_view(expected.to(got.device))).any()
+        by_device.setdefault(got.device, []).append((index, differs))
+    for items in by_device.values():
+        for (index, _), value in zip(items, torch.stack([d for _, d in items]).tolist()):
+            flags[index] = bool(value)
+    return [bool(f) for f in flags]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .compare import Mismatch, bitwise_diff
+from .compare import Mismatch, any_differences, bitwise_diff
 from .streams import StreamSnapshot, compare_streams
 from .workload import FORWARD, RECOMPUTE, MaskLog
 
@@ -25,82 +25,110 @@ class RunRecord:
         return self.log.masks.get((iteration, site, phase), [])
 
 
+class Checks:
+    """Comparisons of one case, resolved together: one device sync per device, not one per pair.
+
+    `compare` queues a bitwise comparison that yields a `Mismatch` when the pair differs; `differ`
+    queues one that yields its `Mismatch` when the pair is equal; `add` files a ready one.  Details
+    (count, first index, values) are computed only for the pairs that turn out to mismatch.
+    `resolve` keeps the order in which the checks were made.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[tuple] = []
+
+    def add(self, mismatch: Mismatch) -> None:
+        self._items.append(("ready", mismatch))
+
+    def compare(self, got: torch.Tensor, expected: torch.Tensor, oracle: str, subject: str, it: int) -> None:
+        self._items.append(("compare", got, expected, oracle, subject, it))
+
+    def differ(self, a: torch.Tensor, b: torch.Tensor, if_equal: Mismatch) -> None:
+        self._items.append(("differ", a, b, if_equal))
+
+    def resolve(self) -> list[Mismatch]:
+        pairs = [(item[1], item[2]) for item in self._items if item[0] != "ready"]
+        flags = iter(any_differences(pairs))
+        out: list[Mismatch] = []
+        for item in self._items:
+            if item[0] == "ready":
+                out.append(item[1])
+            elif item[0] == "compare":
+                if next(flags):
+                    _, got, expected, oracle, subject, it = item
+                    diff = bitwise_diff(got, expected, oracle=oracle, subject=subject, iteration=it)
+                    out.extend([diff] if diff else [])
+            elif not next(flags):
+                out.append(item[3])
+        return out
+
+
 def _count_mismatch(oracle: str, site: str, it: int, got: int, expected: int, what: str) -> Mismatch:
     return Mismatch(oracle, site, it, 0, 0, detail=f"{got} {what}, expected {expected}")
 
 
-def forward_masks(ref: RunRecord, ck: RunRecord, sites: list[str], it: int) -> list[Mismatch]:
+def forward_masks(ref: RunRecord, ck: RunRecord, sites: list[str], it: int, checks: Checks) -> None:
     """Oracle 1: each site's checkpointed forward mask equals the reference's."""
-    out = []
     for site in sites:
         got, expected = ck.draws(it, site, FORWARD), ref.draws(it, site, FORWARD)
         if len(got) != len(expected):
-            out.append(_count_mismatch("forward-mask", site, it, len(got), len(expected), "forward draws"))
+            checks.add(_count_mismatch("forward-mask", site, it, len(got), len(expected), "forward draws"))
             continue
         for g, e in zip(got, expected):
-            diff = bitwise_diff(g, e, oracle="forward-mask", subject=site, iteration=it)
-            out.extend([diff] if diff else [])
-    return out
+            checks.compare(g, e, "forward-mask", site, it)
 
 
-def recompute_masks(ck: RunRecord, sites: list[str], it: int) -> list[Mismatch]:
+def recompute_masks(ck: RunRecord, sites: list[str], it: int, checks: Checks) -> None:
     """Oracle 2: every recompute of a checkpointed site redraws its forward mask exactly."""
-    out = []
     for site in sites:
         forward, recomputes = ck.draws(it, site, FORWARD), ck.draws(it, site, RECOMPUTE)
         if not recomputes:
-            out.append(Mismatch("recompute-mask", site, it, 0, 0, detail="the site was never recomputed"))
+            checks.add(Mismatch("recompute-mask", site, it, 0, 0, detail="the site was never recomputed"))
             continue
         if len(forward) != 1:
             continue  # already reported by the forward-mask oracle
         for n, mask in enumerate(recomputes, start=1):
             subject = site if len(recomputes) == 1 else f"{site} (recompute {n} of {len(recomputes)})"
-            diff = bitwise_diff(mask, forward[0], oracle="recompute-mask", subject=subject, iteration=it)
-            out.extend([diff] if diff else [])
-    return out
+            checks.compare(mask, forward[0], "recompute-mask", subject, it)
 
 
-def gradients(ref: RunRecord, ck: RunRecord, it: int) -> list[Mismatch]:
+def gradients(ref: RunRecord, ck: RunRecord, it: int, checks: Checks) -> None:
     """Oracle 3: input and parameter gradients equal the reference's, bit for bit."""
-    out = []
     for name, expected in ref.grads[it].items():
         got = ck.grads[it].get(name)
         if expected is None or got is None:
             if (got is None) != (expected is None):
                 missing = "checkpointed run" if got is None else "reference run"
-                out.append(Mismatch("gradient", name, it, 0, 0, detail=f"no gradient in the {missing}"))
+                checks.add(Mismatch("gradient", name, it, 0, 0, detail=f"no gradient in the {missing}"))
             continue
-        diff = bitwise_diff(got, expected, oracle="gradient", subject=name, iteration=it)
-        out.extend([diff] if diff else [])
-    return out
+        checks.compare(got, expected, "gradient", name, it)
 
 
-def live_streams(ref: RunRecord, ck: RunRecord, it: int) -> list[Mismatch]:
+def live_streams(ref: RunRecord, ck: RunRecord, it: int, checks: Checks) -> None:
     """Oracle 4: after backward every live stream (and alias) equals the reference's."""
-    return compare_streams(ck.streams[it], ref.streams[it], it)
+    for mismatch in compare_streams(ck.streams[it], ref.streams[it], it):  # small CPU tensors
+        checks.add(mismatch)
 
 
-def fresh_randomness(ck: RunRecord, sites: list[str], iterations: int) -> list[Mismatch]:
+def fresh_randomness(ck: RunRecord, sites: list[str], iterations: int, checks: Checks) -> None:
     """Oracle 5: a site's forward mask differs from its mask in the previous iteration."""
-    out = []
     for it in range(1, iterations):
         for site in sites:
             now, before = ck.draws(it, site, FORWARD), ck.draws(it - 1, site, FORWARD)
-            if now and before and bitwise_diff(now[0], before[0], oracle="", subject="", iteration=it) is None:
-                out.append(Mismatch(
+            if now and before:
+                checks.differ(now[0], before[0], Mismatch(
                     "fresh-randomness", site, it, 0, 0,
                     detail=f"forward mask is identical to iteration {it - 1}'s (stale RNG)",
                 ))
-    return out
 
 
 def check(ref: RunRecord, ck: RunRecord, sites: list[str], iterations: int) -> list[Mismatch]:
     """Every oracle over every iteration, in oracle order within each iteration."""
-    out: list[Mismatch] = []
+    checks = Checks()
     for it in range(iterations):
-        out += forward_masks(ref, ck, sites, it)
-        out += recompute_masks(ck, sites, it)
-        out += gradients(ref, ck, it)
-        out += live_streams(ref, ck, it)
-    out += fresh_randomness(ck, sites, iterations)
-    return out
+        forward_masks(ref, ck, sites, it, checks)
+        recompute_masks(ck, sites, it, checks)
+        gradients(ref, ck, it, checks)
+        live_streams(ref, ck, it, checks)
+    fresh_randomness(ck, sites, iterations, checks)
+    return checks.resolve()

@@ -225,3 +225,20 @@ def test_to_dict_turns_a_tuple_index_into_a_list(two_d_mismatch):
     data = two_d_mismatch.to_dict()
     assert data["first_index"] == [1, 2]
     assert data["count"] == 2 and data["oracle"] == "gradient"
+
+
+def test_any_differences_flags_exactly_the_differing_pairs():
+    import torch as _t
+
+    from harness.compare import any_differences
+
+    a = _t.tensor([0.0, 1.0])
+    pairs = [
+        (a, a.clone()),                              # equal
+        (a, _t.tensor([-0.0, 1.0])),                 # signed zero differs
+        (a, a.double()),                             # dtype differs
+        (a, _t.zeros(3)),                            # shape differs
+        (_t.tensor([True, False]), _t.tensor([True, False])),
+    ]
+    assert any_differences(pairs) == [False, True, True, True, False]
+    assert any_differences([]) == []
