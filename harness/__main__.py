@@ -19,11 +19,8 @@ from . import report as reporting
 from . import repro_script, report_cli, timeline
 from .cases import AXES, CaseError, Case, generate, parse_case_id
 from .plugin import resolve_devices
+from .report_cli import UsageFailure  # one class for every subcommand's bad input
 from .runner import ITERATIONS, run
-
-
-class UsageFailure(Exception):
-    """Bad input: printed as one line, exit status 2."""
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -91,21 +88,22 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cases = _selected_cases(args)
-    adapters = [impls.load(name) for name in impls.parse_impl_names(args.impl)]
+    # (name to load it by, adapter): a worker process loads the impl by the name the user gave.
+    adapters = [(name, impls.load(name)) for name in impls.parse_impl_names(args.impl)]
     entries = expectations_mod.load(args.expectations)
     shard = shards.parse_shard(args.shard) if args.shard else None
     if args.case_timeout <= 0:
         raise UsageFailure(f"--case-timeout must be positive, got {args.case_timeout:g}")
     target = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
     reporting.check_report_dir(target)
-    work = [(a, c) for a in adapters for c in cases if shards.in_shard(a.name, c.id, shard)]
+    work = [(n, a, c) for n, a in adapters for c in cases if shards.in_shard(a.name, c.id, shard)]
     worker = isolation.CaseWorker(args.case_timeout) if args.isolate else None
     progress = Progress(len(work), quiet=args.quiet)
     records = []
     try:
-        for adapter, case in work:
+        for load_name, adapter, case in work:
             if worker is not None:
-                result = worker.run(case, _load_name(adapter, args.impl), ITERATIONS)
+                result = worker.run(case, load_name, ITERATIONS)
                 result.impl, result.impl_version = adapter.name, adapter.version
             else:
                 result = run(case, adapter)
@@ -121,14 +119,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress.finish(written)
     counts = Counter(r["verdict"] for r in records)
     return 1 if counts["fail"] or counts["stale"] else 0
-
-
-def _load_name(adapter: Any, requested: list[str]) -> str:
-    """The name to load `adapter` by in a worker process (its registered name or path)."""
-    return adapter.name if adapter.name in impls.registered() else next(
-        (n for n in impls.parse_impl_names(requested) if ":" in n and impls.load(n).name == adapter.name),
-        adapter.name,
-    )
 
 
 class Progress:
@@ -188,7 +178,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         print(f"\nRNG timeline, reference vs checkpointed{note}:")
         print(timeline.render(timelines["reference"], timelines["checkpointed"], streams))
     if args.script:
-        Path(args.script).write_text(repro_script.render(case, adapter.name if adapter.name in impls.registered() else args.impl))
+        Path(args.script).write_text(repro_script.render(case, args.impl))
         print(f"\nstandalone script: {args.script} (python {args.script}; exit 1 when the mismatch reproduces)")
     return 1 if result.outcome.value in ("mismatch", "error", "crash", "timeout") else 0
 
@@ -220,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         sys.stderr.close()
         return 0
-    except (UsageFailure, report_cli.UsageFailure, CaseError, impls.ImplError, shards.ShardError,
+    except (UsageFailure, CaseError, impls.ImplError, shards.ShardError,
             expectations_mod.ExpectationError, reporting.ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

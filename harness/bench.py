@@ -24,8 +24,8 @@ import torch
 
 from . import report as reporting
 from .capture import execute
-from .cases import Case, Mode, generate
-from .runner import ITERATIONS, RunSession, run
+from .cases import Case, generate
+from .runner import ITERATIONS, RunSession, checkpointing, run
 from .streams import preserved_global_rng
 from .workload import Tensors
 
@@ -46,15 +46,10 @@ class _BareSession(RunSession):
 def bare_seconds(case: Case, impl: Any) -> float:
     """Wall time of the reference and the checkpointed run of `case` without bookkeeping."""
     device = torch.device(case.device.value)
-    reentrant = case.mode is Mode.REENTRANT
-
-    def checkpoint_with(tracker: Any):
-        return lambda fn, *args: impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
-
     start = time.perf_counter()
     with preserved_global_rng():
         tensors = Tensors.make(case, device)
-        for wrap in (None, checkpoint_with):
+        for wrap in (None, checkpointing(impl, case)):
             execute(case.capture, _BareSession(case, device, tensors, impl.make_tracker, wrap), ITERATIONS)
     if device.type == "cuda":
         torch.cuda.synchronize()

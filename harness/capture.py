@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
@@ -163,11 +163,3 @@ EXECUTORS = {Capture.EAGER: run_eager, Capture.SEPARATE: run_separate, Capture.S
 def execute(capture: Capture, step: Step, iterations: int) -> None:
     """Run `step` under the executor of `capture`."""
     EXECUTORS[capture](step, iterations)
-
-
-def is_capturing() -> bool:
-    """True while the current CUDA stream is being captured into a graph."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-__all__ = ["execute", "is_capturing", "run_eager", "run_separate", "run_single", "Step", "Any"]

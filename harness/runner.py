@@ -201,6 +201,16 @@ def _execute(case: Case, iterations: int, timeline: list | None, *args: Any) -> 
     return session.record, session.workload.checkpointed_sites()
 
 
+def checkpointing(impl: Any, case: Case) -> Callable[[Any], Callable[..., Any]]:
+    """tracker -> a ``checkpoint(fn, *args)`` that runs `impl` in `case`'s mode with that tracker."""
+    reentrant = case.mode is Mode.REENTRANT
+
+    def checkpoint_with(tracker: Any) -> Callable[..., Any]:
+        return lambda fn, *args: impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+
+    return checkpoint_with
+
+
 def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = False) -> CaseResult:
     """Run `case` under `impl` against a non-checkpointed reference; never raises for impl faults.
 
@@ -223,11 +233,7 @@ def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = Fa
     device = torch.device(case.device.value)
     if device.type == "cuda":
         torch.cuda.init()  # before the RNG inventory, so CUDA generators are part of it
-    reentrant = case.mode is Mode.REENTRANT
-
-    def checkpoint_with(tracker: Any) -> Callable[..., Any]:
-        return lambda fn, *args: impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
-
+    checkpoint_with = checkpointing(impl, case)
     clock = _Clock(result.timings)
     try:
         with preserved_global_rng():
