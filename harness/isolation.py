@@ -27,7 +27,10 @@ from .runner import CaseResult, Outcome, result_from_dict
 DEFAULT_TIMEOUT_S = 300.0
 _TIMED_OUT = object()
 STARTUP_TIMEOUT_S = 300.0  # importing torch (and CUDA) in a fresh worker; not counted per case
-STDERR_TAIL = 2000
+TAIL_BYTES = 16384  # how much of the end of the worker's log is read for a failure summary
+FATAL_LINES = 12  # faulthandler's report: its "Fatal Python error" line and what follows
+LAST_LINES = 8  # otherwise: the last lines of the log
+SUMMARY_CHARS = 2000  # whole lines are dropped beyond this (one line is always kept)
 
 
 def _sticky_cuda_error() -> str | None:
@@ -41,6 +44,22 @@ def _sticky_cuda_error() -> str | None:
     except Exception as exc:  # a device-side assert or an illegal access poisons the context
         return f"{type(exc).__name__}: {exc}".strip()
     return None
+
+
+def _warm_up() -> None:
+    """Pay the one-off cost of the first checkpoint call (it imports torch._dynamo, 1.5-4 s).
+
+    Runs on CPU with a 2-element tensor, so it initialises no CUDA context and draws no random
+    numbers; a failure here is left for the cases themselves to report.
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    try:
+        x = torch.zeros(2, requires_grad=True)
+        checkpoint(torch.sin, x, use_reentrant=False).sum().backward()
+    except Exception:  # a broken torch.utils.checkpoint is the torch impl's finding, not start-up's
+        pass
 
 
 def serve(stderr_path: str) -> None:
@@ -60,6 +79,7 @@ def serve(stderr_path: str) -> None:
 
     import torch  # noqa: F401  (imported before "ready": start-up is not part of a case's time)
 
+    _warm_up()
     protocol.write(json.dumps({"ready": True}) + "\n")
     adapters: dict[str, Any] = {}
     for line in sys.stdin:
@@ -102,15 +122,21 @@ class CaseWorker:
         env = dict(os.environ)
         # The child must import what the parent can (adapters given as module:factory paths).
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "harness.isolation", str(self._stderr)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-        )
+        # Its stderr goes to the log from the start: an import error before serve() is quoted too.
+        with open(self._stderr, "ab") as log:
+            self._process = subprocess.Popen(
+                self._command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                text=True, env=env,
+            )
         self._pending = b""
         if not isinstance(self._read_line(STARTUP_TIMEOUT_S), str):
             tail = self._stderr_tail()
             self._stop()
-            raise RuntimeError(f"the case worker process did not start: {tail[-600:] or 'no output'}")
+            raise RuntimeError(f"the case worker process did not start: {tail or 'no output'}")
+
+    def _command(self) -> list[str]:
+        """The worker's command line (tests replace it to make a worker that fails to start)."""
+        return [sys.executable, "-m", "harness.isolation", str(self._stderr)]
 
     def _stop(self) -> None:
         if self._process is not None:
@@ -149,10 +175,8 @@ class CaseWorker:
         return line.decode()
 
     def _stderr_tail(self) -> str:
-        try:
-            return self._stderr.read_text(errors="replace")[-STDERR_TAIL:].strip()
-        except OSError:
-            return ""
+        """The worker's last words from its log, in whole lines (see `summarize_output`)."""
+        return summarize_output(_last_lines(self._stderr))
 
     def run(self, case: Case, impl_name: str, iterations: int) -> CaseResult:
         """Run one case in the worker; a dead or hung worker gives a crash / timeout result."""
@@ -196,11 +220,49 @@ class CaseWorker:
 
     def _failure(self, case: Case, impl_name: str, outcome: Outcome, start: float, what: str) -> CaseResult:
         tail = self._stderr_tail()
-        fatal = tail.rfind("Fatal Python error")  # faulthandler's report of the fatal signal
-        tail = tail[fatal:][:800] if fatal >= 0 else tail[-600:]
         if tail:
             what += f"; its output ended with: {tail}"
         return CaseResult(case, impl_name, outcome, error=what, duration_s=time.perf_counter() - start)
+
+
+def _last_lines(path: Path) -> list[str]:
+    """The complete lines at the end of the file (its last TAIL_BYTES), blank ones left out.
+
+    The first line read is dropped unless the read starts at the top of the file or right after
+    a newline: it is the end of a line whose start was not read.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(size - TAIL_BYTES - 1, 0)  # one byte more: was the byte before a newline?
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return []
+    if start > 0:
+        data = data.partition(b"\n")[2]
+    lines = data.decode(errors="replace").splitlines()
+    return [line.rstrip() for line in lines if line.strip()]
+
+
+def summarize_output(lines: list[str]) -> str:
+    """The part of a worker's output worth quoting in a result: whole lines only, never a cut one.
+
+    With faulthandler's report of a fatal signal in `lines`, the last "Fatal Python error" line and
+    what follows it (FATAL_LINES lines at most); otherwise the last LAST_LINES lines.  Lines are
+    then dropped whole (from the end of a fatal report, from the start of a plain tail) while the
+    text is longer than SUMMARY_CHARS, but one line always stays.
+    """
+    fatal = [i for i, line in enumerate(lines) if line.lstrip().startswith("Fatal Python error")]
+    if fatal:
+        kept = lines[fatal[-1]:][:FATAL_LINES]
+        while len(kept) > 1 and len("\n".join(kept)) > SUMMARY_CHARS:
+            kept.pop()
+    else:
+        kept = lines[-LAST_LINES:]
+        while len(kept) > 1 and len("\n".join(kept)) > SUMMARY_CHARS:
+            kept.pop(0)
+    return "\n".join(kept)
 
 
 if __name__ == "__main__":

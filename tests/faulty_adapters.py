@@ -1,8 +1,9 @@
-"""Deliberately faulty adapters for the fault-isolation tests (loaded as faulty_adapters:make_*)."""
+"""Deliberately faulty adapters for the fault-isolation and loading tests (faulty_adapters:make_*)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch
@@ -10,10 +11,35 @@ import torch
 from harness.impls.bundled import BundledAdapter
 
 
+# Lines with long paths, as a failing build or a deprecation warning would print them: a summary of
+# the worker's output must quote them whole.
+NOISE_LINES = 30
+
+
+def noise_line(i: int) -> str:
+    """Line `i` of the noisy adapters' stderr output (about 230 characters, mostly one path)."""
+    folder = "/".join(f"very-long-directory-name-{k:02d}" for k in range(6))
+    return f"warning {i:02d}: /opt/site-packages/{folder}/module_{i:02d}.py:{100 + i}: something odd"
+
+
+def _print_noise() -> None:
+    for i in range(NOISE_LINES):
+        print(noise_line(i), file=sys.stderr)
+    sys.stderr.flush()
+
+
 class Faulty(BundledAdapter):
     fault = "raise"
+    dynamo_at_load = None  # set by make_dynamo_probe
 
     def checkpoint(self, fn, *args, reentrant, tracker):
+        if self.fault == "dynamo-probe":
+            raise RuntimeError(f"torch._dynamo imported before the case: {self.dynamo_at_load}")
+        if self.fault in ("noisy-exit", "noisy-abort"):
+            _print_noise()
+            if self.fault == "noisy-exit":
+                os._exit(3)
+            os.abort()
         if self.fault == "raise":
             raise RuntimeError("faulty adapter: raised on purpose")
         if self.fault == "hang":
@@ -54,3 +80,46 @@ def make_segfault():
 
 def make_device_assert():
     return _make("device-assert")
+
+
+def make_noisy_exit():
+    """Prints NOISE_LINES long lines to stderr, then exits with status 3 (no faulthandler report)."""
+    return _make("noisy-exit")
+
+
+def make_noisy_abort():
+    """Prints NOISE_LINES long lines to stderr, then aborts (a faulthandler report follows)."""
+    return _make("noisy-abort")
+
+
+def make_dynamo_probe():
+    """Raises, naming whether torch._dynamo was imported when the worker loaded this adapter."""
+    adapter = _make("dynamo-probe")
+    adapter.dynamo_at_load = "torch._dynamo" in sys.modules
+    return adapter
+
+
+# --- factories that fail (loading errors) ---------------------------------------------------------
+
+
+def make_raising_factory():
+    raise RuntimeError("factory failed\n  on purpose")
+
+
+def make_exiting_factory():
+    sys.exit(4)
+
+
+def make_interrupted_factory():
+    raise KeyboardInterrupt
+
+
+class _Wordy:
+    """Not an adapter, with a long multi-line repr."""
+
+    def __repr__(self):
+        return "<Wordy\n" + "word " * 200 + ">"
+
+
+def make_not_an_adapter():
+    return _Wordy()

@@ -13,6 +13,7 @@ import torch
 from harness import impls, runner
 from harness.cases import parse_case_id
 from harness.impls import BUILTIN, NEGATIVE_CONTROLS, ImplError, load, parse_impl_names
+from harness.impls.base import Adapter
 from harness.impls.bundled import BundledAdapter
 from harness.runner import Outcome
 
@@ -70,8 +71,84 @@ def test_bad_path_raises_impl_error(path, fragment):
 
 
 def test_factory_returning_a_non_adapter_is_refused():
-    with pytest.raises(ImplError, match="did not return an adapter"):
+    with pytest.raises(ImplError, match="did not return an adapter: got object <object object at"):
         load("builtins:object")
+
+
+# --- loading faults are one line ---------------------------------------------------------------
+
+
+def _load_error(name: str) -> str:
+    """The one-line message of the ImplError that loading `name` raises."""
+    with pytest.raises(ImplError) as excinfo:
+        load(name)
+    error = excinfo.value
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    message = str(excinfo.value)
+    assert "\n" not in message and "  " not in message, message
+    return message
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("broken_import_adapter:factory",
+         "cannot import 'broken_import_adapter' for implementation 'broken_import_adapter:factory': "
+         "RuntimeError: boom while importing the adapter"),
+        ("exiting_import_adapter:factory",
+         "cannot import 'exiting_import_adapter' for implementation 'exiting_import_adapter:factory': "
+         "SystemExit: adapter module exits at import"),
+        ("nope.module:x",
+         "cannot import 'nope.module' for implementation 'nope.module:x': "
+         "ModuleNotFoundError: No module named 'nope'"),
+    ],
+)
+def test_a_module_that_raises_anything_at_import_is_one_line(name, message):
+    assert _load_error(name) == message
+
+
+def test_an_interrupted_import_is_not_swallowed():
+    with pytest.raises(KeyboardInterrupt):
+        load("interrupted_import_adapter:factory")
+
+
+def test_a_registered_name_is_named_in_the_import_error(monkeypatch):
+    monkeypatch.setitem(BUILTIN, "broken", "broken_import_adapter:factory")
+    assert _load_error("broken") == ("cannot import 'broken_import_adapter' for implementation 'broken': "
+                                     "RuntimeError: boom while importing the adapter")
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("make_raising_factory", "raised RuntimeError: factory failed on purpose"),
+        ("make_exiting_factory", "raised SystemExit: 4"),
+    ],
+)
+def test_a_factory_that_raises_or_exits_is_one_line_naming_it(factory, message):
+    name = f"faulty_adapters:{factory}"
+    assert _load_error(name) == f"factory {name} for implementation {name!r} {message}"
+
+
+def test_an_interrupted_factory_is_not_swallowed():
+    with pytest.raises(KeyboardInterrupt):
+        load("faulty_adapters:make_interrupted_factory")
+
+
+def test_a_factory_returning_a_non_adapter_says_what_it_returned():
+    message = _load_error("faulty_adapters:make_not_an_adapter")
+    assert message.startswith("factory faulty_adapters:make_not_an_adapter for implementation "
+                              "'faulty_adapters:make_not_an_adapter' did not return an adapter: got _Wordy <Wordy word word")
+    assert message.endswith("...") and len(message) < 250
+
+
+# --- the adapter interface's defaults -----------------------------------------------------------
+
+
+def test_adapters_are_available_and_may_decline_cases_by_default():
+    adapter = BundledAdapter()
+    assert adapter.unavailable() is None
+    assert Adapter.must_support_all is False
 
 
 def test_impl_error_is_a_value_error():

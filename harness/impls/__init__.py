@@ -23,6 +23,12 @@ BUILTIN: dict[str, str] = {
     "neg-ignore-tracker": "harness.impls.negative:make_ignore_tracker",
     "neg-no-rewind": "harness.impls.negative:make_no_rewind",
     "neg-host-values": "harness.impls.negative:make_host_values",
+    "neg-no-recompute": "harness.impls.negative:make_no_recompute",
+    "neg-stale-rng": "harness.impls.negative:make_stale_rng",
+    "neg-extra-draw": "harness.impls.negative:make_extra_draw",
+    "neg-wrong-output": "harness.impls.negative:make_wrong_output",
+    "neg-replace-streams": "harness.impls.negative:make_replace_streams",
+    "neg-inert-fork": "harness.impls.negative:make_inert_fork",
     # External implementations: they load whether or not the package is installed, and declare
     # every case unsupported (with the import error) when it does not import.
     "megatron": "harness.impls.megatron:make_megatron",
@@ -44,15 +50,43 @@ def registered() -> dict[str, str]:
     return names
 
 
-def _import_factory(path: str) -> Callable[[], Adapter]:
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception, whitespace collapsed to single spaces."""
+    try:
+        message = " ".join(str(exc).split())
+    except Exception:  # a broken __str__ must not hide the exception's type
+        message = ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _short_repr(obj: object, limit: int = 80) -> str:
+    """repr(obj) on one line, at most `limit` characters (an ellipsis marks a cut)."""
+    try:
+        text = " ".join(repr(obj).split())
+    except Exception as exc:
+        return f"<repr failed: {_one_line(exc)}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _import_factory(name: str, path: str) -> Callable[[], Adapter]:
+    """The factory function `path` ('module:factory') names, for implementation `name`.
+
+    Anything that goes wrong (a bad path, a module that raises at import, including SystemExit,
+    a missing or non-callable attribute) is an `ImplError` with a one-line message.
+    """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ImplError(f"bad implementation path {path!r}: expected package.module:factory")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImplError(f"cannot import {module_name!r} for implementation {path!r}: {exc}") from None
-    factory = getattr(module, attr, None)
+    except (Exception, SystemExit) as exc:  # a broken module may raise anything, or exit
+        raise ImplError(f"cannot import {module_name!r} for implementation {name!r}: "
+                        f"{_one_line(exc)}") from None
+    try:
+        factory = getattr(module, attr, None)
+    except Exception as exc:  # a module-level __getattr__ that raises
+        raise ImplError(f"cannot read {path} for implementation {name!r}: "
+                        f"{_one_line(exc)}") from None
     if factory is None:
         raise ImplError(f"module {module_name!r} has no attribute {attr!r}")
     if not callable(factory):
@@ -60,8 +94,35 @@ def _import_factory(path: str) -> Callable[[], Adapter]:
     return factory
 
 
+def _is_adapter(obj: object) -> bool:
+    """An `Adapter`, or anything with a callable `checkpoint` (adapters need not subclass it)."""
+    if isinstance(obj, Adapter):
+        return True
+    try:
+        return callable(getattr(obj, "checkpoint", None))
+    except Exception:
+        return False
+
+
+def _build(name: str, path: str, factory: Callable[[], Adapter]) -> Adapter:
+    """The adapter `factory` returns; `ImplError` when it raises, exits or returns no adapter."""
+    try:
+        adapter = factory()
+    except (Exception, SystemExit) as exc:  # a broken third-party factory is bad input, not a crash
+        raise ImplError(f"factory {path} for implementation {name!r} raised "
+                        f"{_one_line(exc)}") from None
+    if not _is_adapter(adapter):
+        raise ImplError(f"factory {path} for implementation {name!r} did not return an adapter: "
+                        f"got {type(adapter).__name__} {_short_repr(adapter)}")
+    return adapter
+
+
 def load(name: str) -> Adapter:
-    """The adapter for a registered name or a ``module:factory`` path; unknown -> `ImplError`."""
+    """The adapter for a registered name or a ``module:factory`` path.
+
+    Every fault (an unknown name, a module or factory that raises, a factory that returns no
+    adapter) is an `ImplError` with a one-line message, never a traceback.
+    """
     known = registered()
     if name in known:
         path = known[name]
@@ -70,13 +131,7 @@ def load(name: str) -> Adapter:
     else:
         raise ImplError(f"unknown implementation {name!r}; known: {', '.join(sorted(known))} "
                         "(or give package.module:factory)")
-    factory = _import_factory(path)
-    try:
-        adapter = factory()
-    except Exception as exc:  # a broken third-party factory is bad input, not a harness crash
-        raise ImplError(f"factory {path} raised {type(exc).__name__}: {exc}") from None
-    if not isinstance(adapter, Adapter) and not callable(getattr(adapter, "checkpoint", None)):
-        raise ImplError(f"{path} did not return an adapter (got {type(adapter).__name__})")
+    adapter = _build(name, path, _import_factory(name, path))
     if not getattr(adapter, "name", None) or getattr(adapter, "name") == "unnamed":
         adapter.name = name
     return adapter

@@ -11,12 +11,16 @@ from ..checkpoint import RNGStatesTracker
 class Adapter:
     """A checkpoint function plus its tracker, as the runner sees them.
 
-    Subclasses set `name` and override `checkpoint`; `make_tracker` and `supports` have defaults.
-    The runner never knows which implementation it runs, and adapters never know about pytest.
+    Subclasses set `name` and override `checkpoint`; `make_tracker`, `supports` and `unavailable`
+    have defaults.  The runner never knows which implementation it runs, and adapters never know
+    about pytest.
     """
 
     name: str = "unnamed"
     description: str = ""
+    #: True for impls that must run every valid case of their device (bundled, torch): an
+    #: unsupported cell is then a failure, not a declaration.
+    must_support_all: bool = False
 
     @property
     def version(self) -> str | None:
@@ -33,6 +37,11 @@ class Adapter:
 
     def supports(self, case: Case) -> str | None:
         """None when the impl can run `case`, else the reason it cannot."""
+        return None
+
+    def unavailable(self) -> str | None:
+        """None when the code under test can be loaded here, else one line saying why (e.g. the
+        import error of an optional package)."""
         return None
 
     def __repr__(self) -> str:

@@ -14,18 +14,20 @@ Both adapters drive the real code of ``megatron.core.tensor_parallel.random``:
   ``model_parallel_cuda_manual_seed``, so no parallel ranks are involved.
 
 What the harness holds is a `TrackerView` of that same global tracker: it forwards `add` and
-`fork`, keeps aliases (Megatron has none) as a second name for the same underlying stream, and
-gives the harness value snapshots (`get_states`) and in-place writes (`set_states`) for its own
-bookkeeping.  Megatron's checkpoint never sees the view: it reads the global tracker directly, so
-what is tested is Megatron's own save/restore.
+`fork`, and gives the harness value snapshots (`get_states`) and in-place writes (`set_states`) for
+its own bookkeeping.  Megatron's checkpoint never sees the view: it reads the global tracker
+directly, so what is tested is Megatron's own save/restore.
 
-Declared unsupported (`supports`): every case when megatron-core does not import (with the error),
-the cpu device (the tracker and checkpoint are CUDA-only), non-reentrant mode (``checkpoint`` is an
-autograd.Function; Megatron's other path, ``CheckpointWithoutOutput``, is not a drop-in checkpoint:
-the caller must discard outputs and register a recompute hook, and its recompute JIT-compiles a C++
-extension with ``load_inline``), and, for the graph-safe tracker, a torch without the graph-safe
-generator APIs.  Capture cases run for real: Megatron's checkpoint bypasses itself only under
-Megatron's own graph-capture flags, which the harness's executors do not set.
+Declared unsupported (`supports`): every case when the code cannot be loaded here (`unavailable`:
+megatron-core does not import, with the error; for the graph-safe tracker, a torch without the
+graph-safe generator APIs), the cpu device (the tracker and checkpoint are CUDA-only), the shared
+layout (Megatron's tracker has no aliases: a second name for one stream would live only in the
+harness's view, so the case would test the harness's own alias bookkeeping, not Megatron), and
+non-reentrant mode (``checkpoint`` is an autograd.Function; Megatron's other path,
+``CheckpointWithoutOutput``, is not a drop-in checkpoint: the caller must discard outputs and
+register a recompute hook, and its recompute JIT-compiles a C++ extension with ``load_inline``).
+Capture cases run for real: Megatron's checkpoint bypasses itself only under Megatron's own
+graph-capture flags, which the harness's executors do not set.
 
 The helpers here (`TrackerView`, `LazyModule`, `installed_version`) are shared with the
 TransformerEngine adapter.
@@ -42,7 +44,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from ..cases import Case, Device, Mode
+from ..cases import Case, Device, Layout, Mode
 from .base import Adapter
 
 RANDOM_MODULE = "megatron.core.tensor_parallel.random"
@@ -119,6 +121,12 @@ def graphsafe_apis_missing() -> list[str]:
     return [f"{owner}.{attr}" for obj, attr, owner in wanted if obj is None or not hasattr(obj, attr)]
 
 
+def no_aliases_reason(tracker: str) -> str:
+    """Why an adapter over a tracker without aliases declares the shared layout unsupported."""
+    return (f"{tracker} has no aliases: the shared layout would test only the harness's own alias "
+            "bookkeeping, not the package")
+
+
 def _value(state: Any) -> torch.Tensor:
     """A value copy of a tracker state: a Generator's state, or a clone of a state tensor."""
     if isinstance(state, torch.Generator):
@@ -132,75 +140,70 @@ class TrackerView:
     """The harness's handle on an upstream RNG tracker (Megatron-core's or TransformerEngine's).
 
     `real` is the upstream tracker object itself; the checkpoint under test works on it directly.
-    The view adds what the harness needs and upstream trackers lack:
+    The view adds what the harness needs and upstream trackers lack (it has no aliases, as upstream
+    has none: adapters over it declare the shared layout unsupported):
 
-    * `names()` and aliases: an alias is a second name for the same upstream stream (``fork`` of
-      the alias forks the stream it names), so two names share one state as the shared layout
-      wants, while the upstream tracker only ever holds the real name;
-    * `get_states()`: name -> value copy (aliases included), whatever upstream stores (value
-      ByteTensors in plain mode, live `torch.Generator` objects in graph-safe mode);
+    * `names()`: the upstream stream names, in upstream order;
+    * `get_states()`: name -> value copy, whatever upstream stores (value ByteTensors in plain
+      mode, live `torch.Generator` objects in graph-safe mode);
     * `set_states(values)`: writes values in place, into the existing Generator objects in
       graph-safe mode (so CUDA graphs that registered them still see them) or as fresh tensors in
       plain mode, then hands the dict back through upstream's own ``set_states``;
     * `generators()` / `generator(name)`: the distinct Generator objects (for graph registration)
-      and the object behind a name (for the alias inventory).
+      and the object behind a name (graph-safe mode only, see `generator`).
     """
 
     def __init__(self, real: Any, device: "torch.device | str | None" = None) -> None:
         self.real = real
         self.device = torch.device(device) if device is not None else None
-        self._aliases: dict[str, str] = {}
 
     def _upstream(self) -> dict[str, Any]:
         return dict(self.real.get_states())
 
-    def canonical(self, name: str) -> str:
-        """The upstream stream a (possibly aliased) name refers to."""
-        return self._aliases.get(name, name)
-
     def add(self, name: str, seed: int) -> None:
-        if name in self._aliases:
-            raise KeyError(f"RNG stream {name!r} already exists (as an alias)")
+        """Add stream `name` to the upstream tracker, seeded with `seed`."""
         self.real.add(name, seed)
 
-    def add_alias(self, alias: str, name: str) -> None:
-        """Make `alias` a second name for the stream `name` (itself possibly an alias)."""
-        if alias in self._aliases or alias in self._upstream():
-            raise KeyError(f"RNG stream {alias!r} already exists")
-        target = self.canonical(name)
-        if target not in self._upstream():
-            raise KeyError(f"unknown RNG stream {name!r}; known: {', '.join(self.names()) or 'none'}")
-        self._aliases[alias] = target
-
     def names(self) -> list[str]:
-        """Upstream names in upstream order, then aliases in the order they were added."""
-        return [*self._upstream(), *self._aliases]
+        """The upstream stream names, in upstream order."""
+        return list(self._upstream())
 
     def fork(self, name: str) -> contextlib.AbstractContextManager:
-        return self.real.fork(self.canonical(name))
+        """Upstream's own ``fork(name)``: draws inside it come from stream `name`."""
+        return self.real.fork(name)
 
     def get_states(self) -> dict[str, torch.Tensor]:
-        upstream = self._upstream()
-        return {name: _value(upstream[self.canonical(name)]) for name in self.names()}
+        """Name -> a value copy of each upstream stream (never a live object)."""
+        return {name: _value(state) for name, state in self._upstream().items()}
 
     def set_states(self, states: Mapping[str, Any]) -> None:
+        """Write `states` (values or Generators) upstream: into Generators in place, else as copies."""
         current = self._upstream()
         for name, value in states.items():
-            key = self.canonical(name)
-            if key not in current:
+            if name not in current:
                 raise KeyError(f"unknown RNG stream {name!r}")
             value = _value(value)
-            if isinstance(current[key], torch.Generator):
-                current[key].set_state(value)
+            if isinstance(current[name], torch.Generator):
+                current[name].set_state(value)
             else:
-                current[key] = value
+                current[name] = value
         self.real.set_states(current)
 
-    def generator(self, name: str) -> Any:
-        """The upstream state object behind `name` (a Generator, or a state tensor in plain mode)."""
-        return self._upstream()[self.canonical(name)]
+    @property
+    def generator(self) -> Callable[[str], torch.Generator]:
+        """``generator(name)``: the upstream Generator object behind `name`, for the stream
+        inventory.  Only where upstream keeps Generator objects (graph-safe mode): in plain mode
+        it keeps value tensors that every fork replaces, so no object's identity means anything and
+        the attribute is missing (``hasattr(view, "generator")`` is False)."""
+        if not self.generators():
+            raise AttributeError("generator: the upstream tracker keeps values, not Generator objects")
+        return self._generator
+
+    def _generator(self, name: str) -> torch.Generator:
+        return self._upstream()[name]
 
     def generators(self) -> list[torch.Generator]:
+        """The distinct upstream Generator objects (none in plain mode), for graph registration."""
         out: list[torch.Generator] = []
         for state in self._upstream().values():
             if isinstance(state, torch.Generator) and all(state is not g for g in out):
@@ -271,21 +274,33 @@ class MegatronAdapter(Adapter):
 
     # -- the adapter interface
 
-    def supports(self, case: Case) -> str | None:
+    def unavailable(self) -> str | None:
+        """None when megatron-core imports (and, for the graph-safe tracker, torch has the
+        graph-safe generator APIs), else one line saying why not."""
         error = self.import_error
         if error is not None:
             return f"megatron-core does not import ({RANDOM_MODULE}): {error}"
+        if self.graphsafe:
+            missing = graphsafe_apis_missing()
+            if missing:
+                return ("the graph-safe tracker needs torch APIs this build lacks: "
+                        f"{', '.join(missing)}")
+        return None
+
+    def supports(self, case: Case) -> str | None:
+        """None for reentrant cuda cases outside the shared layout (when available), else why."""
+        reason = self.unavailable()
+        if reason is not None:
+            return reason
         if case.device.value not in self.devices:
             return (f"Megatron-core's CudaRNGStatesTracker and checkpoint are CUDA-only "
                     f"(torch.cuda RNG state, CUDA default generators); no {case.device.value} path")
+        if case.layout is Layout.SHARED:
+            return no_aliases_reason("Megatron-core's CudaRNGStatesTracker")
         if case.mode is Mode.NONREENTRANT:
             return ("Megatron-core's tensor_parallel.checkpoint is reentrant only (an autograd.Function); "
                     "its other path, CheckpointWithoutOutput, is no drop-in checkpoint (the caller "
                     "discards outputs and registers a recompute hook) and JIT-builds a C++ extension")
-        if self.graphsafe and case.device is Device.CUDA:
-            missing = graphsafe_apis_missing()
-            if missing:
-                return f"the graph-safe tracker needs torch APIs this build lacks: {', '.join(missing)}"
         return None
 
     def _reset_global_tracker(self, random: Any) -> Any:

@@ -14,11 +14,13 @@ function):
   non-reentrant (``_CheckpointFrame`` with saved-tensor hooks).  The region is a plain function, not
   an ``nn.Module``, so TE never hands it to ``torch.utils.checkpoint``.
 
-As with Megatron-core, the harness holds a `TrackerView` (aliases as second names of one TE stream,
-value snapshots for its own bookkeeping); TE never sees the view.
+As with Megatron-core, the harness holds a `TrackerView` (names and value snapshots for its own
+bookkeeping); TE never sees the view.
 
-Declared unsupported: every case when ``transformer_engine.pytorch`` does not import (with the
-error), and the cpu device (TE's tracker and checkpoint are CUDA-only).  Capture cases run for real.
+Declared unsupported: every case when ``transformer_engine.pytorch`` does not import (`unavailable`,
+with the error), the cpu device (TE's tracker and checkpoint are CUDA-only), and the shared layout
+(TE's tracker has no aliases: a second name for one stream would live only in the harness's view,
+so the case would test the harness's own alias bookkeeping, not TE).  Capture cases run for real.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from ..cases import Case, Device
+from ..cases import Case, Device, Layout
 from .base import Adapter
-from .megatron import LazyModule, TrackerView, installed_version, module_version
+from .megatron import LazyModule, TrackerView, installed_version, module_version, no_aliases_reason
 
 DISTRIBUTED_MODULE = "transformer_engine.pytorch.distributed"
 DISTRIBUTIONS = ("transformer-engine", "transformer-engine-torch")
@@ -61,13 +63,23 @@ class TransformerEngineAdapter(Adapter):
             found = module_version(sys.modules.get("transformer_engine"), ("__version__",))
         return found
 
-    def supports(self, case: Case) -> str | None:
+    def unavailable(self) -> str | None:
+        """None when TransformerEngine imports, else one line with its import error."""
         error = self.import_error
         if error is not None:
             return f"TransformerEngine does not import ({DISTRIBUTED_MODULE}): {error}"
+        return None
+
+    def supports(self, case: Case) -> str | None:
+        """None for cuda cases outside the shared layout (when TE imports), else the reason."""
+        reason = self.unavailable()
+        if reason is not None:
+            return reason
         if case.device.value not in self.devices:
             return (f"TransformerEngine's CudaRNGStatesTracker and checkpoint are CUDA-only; "
                     f"no {case.device.value} path")
+        if case.layout is Layout.SHARED:
+            return no_aliases_reason("TransformerEngine's CudaRNGStatesTracker")
         return None
 
     def make_tracker(self, device: Any) -> TrackerView:
