@@ -8,9 +8,12 @@ import re
 
 import pytest
 
-from harness import expectations, impls, report, report_env, report_html
+from harness import expectations, impls, report
 from harness.cases import generate, parse_case_id
-from harness.report_markdown import md_escape
+from harness.report import env as report_env
+from harness.report import html as report_html
+from harness.report import model as report_model
+from harness.report.markdown import md_escape
 from harness.runner import run
 
 ENV_A = {"host": "ci-a", "python": "3.12", "torch": "2.11.0", "cuda": "13.0", "gpu": "NVIDIA H100 (sm_90) x1",
@@ -23,15 +26,17 @@ MISMATCH = {"oracle": "recompute-mask", "subject": "s0", "iteration": 0, "count"
 
 def rec(case_id="reentrant-default-eager-flat-none-cpu", impl="bundled", outcome="pass", expected="",
         env=ENV_A, **extra):
-    """A synthetic result record, annotated as the plugin would."""
+    """A synthetic result record with a verdict, as a run writes it (`extra` overrides any field)."""
     record = {"case_id": case_id, "impl": impl, "impl_version": "0", **parse_case_id(case_id).axis_values(),
               "outcome": outcome, "reason": "", "error": "", "traceback": "", "mismatches": [],
-              "duration_s": 0.01, "iterations": 2, "worker": "gw0", "env": env}
+              "duration_s": 0.01, "iterations": 2, "worker": "gw0", "env": env,
+              "verdict": report.verdict(outcome, bool(expected)), "verdict_note": "",
+              "expected_failure": expected, "expected_issue": "", "expected_outcome": "mismatch" if expected else "",
+              "expected_oracles": []}
     record.update(extra)
     if outcome == "mismatch" and not record["mismatches"]:
         record["mismatches"] = [MISMATCH]
-    entry = expectations.Expectation(impl, ("*",), expected, "") if expected else None
-    return report.annotate(record, entry)
+    return record
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,9 @@ def real_records():
                     "reentrant-default-eager-flat-none-cpu"):
         case = parse_case_id(case_id)
         for adapter in (torch_impl, bundled):
-            records.append(report.annotate(run(case, adapter).to_dict(), None))
+            record = run(case, adapter).to_dict()
+            record["verdict"] = report.verdict(record["outcome"], False)
+            records.append(record)
     env = report_env.environment()
     for r in records:
         r["worker"], r["env"] = "main", env
@@ -122,7 +129,7 @@ def test_stale_entries_and_unmatched_expectations_are_prominent(tmp_path):
     report.write(records, tmp_path / "r", expectations=entries, step_summary=False)
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert "### ⚠ Stale expectations: 1" in summary and "torch never saves tracker streams" in summary
-    assert "### ⚠ Expectation entries that match no case: 1" in summary and "*-nosuchlayout-*" in summary
+    assert "### ⚠ Expectation problems: 1" in summary and "*-nosuchlayout-*" in summary
     page = (tmp_path / "r" / "report.html").read_text()
     assert 'class="box stale"' in page and "Stale expectations: 1" in page and "*-nosuchlayout-*" in page
 
@@ -133,7 +140,7 @@ def test_html_is_self_contained_and_failing_squares_link_to_details():
                rec("reentrant-mixed-eager-flat-none-cpu", outcome="pass", expected="x"),
                rec("nonreentrant-default-eager-flat-none-cpu", outcome="mismatch", expected="known"),
                rec("nonreentrant-shared-eager-flat-none-cpu", outcome="skipped", reason="r")]
-    page = report_html.render_html(records)
+    page = report_html.render_html(report_model.build(records))
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert "http://" not in page and "https://" not in page
     assert not re.search(r"""(src|href)\s*=\s*["']?(//|[a-z]+:)(?!#)""", page.replace('href="#', ""))
@@ -202,6 +209,14 @@ def test_a_failing_view_never_costs_the_results(tmp_path, monkeypatch):
         report.write([rec(), rec(impl="torch")], target, step_summary=False)
     assert len((target / "results.jsonl").read_text().splitlines()) == 2
     assert not (target / "report.html").exists()  # the old page would contradict the new results
+
+
+def test_a_model_that_cannot_be_built_costs_the_views_but_not_the_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "build", lambda *a, **k: 1 / 0)
+    with pytest.raises(report.ReportError, match="without summary.md, report.html: summary.md: RuntimeError: "
+                                                 "the run model could not be built: ZeroDivisionError"):
+        report.write([rec(), rec(impl="torch")], tmp_path / "r", step_summary=False)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["cases.csv", "mismatches.csv", "results.jsonl"]
 
 
 def test_github_step_summary_is_appended_short_and_folded(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 from harness import report
 from harness.__main__ import main
 
-from test_report import ENV_A, ENV_B, rec
+from test_report import ENV_A, ENV_B, MISMATCH, rec
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = ["reentrant-default-eager-flat-none-cpu", "reentrant-tracked-eager-flat-none-cpu",
@@ -106,6 +106,74 @@ def test_a_bad_results_file_is_one_line_naming_file_and_line(tmp_path, capsys, c
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err and str(tmp_path / "results.jsonl") in err
     assert not (tmp_path / "m").exists() and not (tmp_path / "summary.md").exists()
+
+
+GOOD = {"impl": "a", "case_id": "b", "outcome": "pass"}
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"outcome": "flaky"}, "outcome 'flaky' is none of pass, mismatch, error, crash, timeout, unsupported, skipped"),
+    ({"verdict": "maybe"}, "verdict 'maybe' is none of pass, fail, xfail, stale, skip"),
+    ({"verdict": None}, "verdict None is none of"),
+    ({"mismatches": "recompute-mask"}, "mismatches must be a list, not a string"),
+    ({"mismatches": None}, "mismatches must be a list, not null"),
+    ({"mismatches": [{"oracle": "gradient"}, 3]}, "mismatches[1] must be an object, not a number"),
+    ({"env": "H100"}, "env must be an object or null, not a string"),
+    ({"env": [1]}, "env must be an object or null, not a list"),
+    ({"impl": 3}, "impl must be a string, not a number"),
+    ({"case_id": None}, "case_id must be a string, not null"),
+])
+def test_a_record_that_breaks_the_contract_is_one_line_naming_file_and_line(tmp_path, capsys, bad, message):
+    (tmp_path / "results.jsonl").write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, **bad}) + "\n")
+    for args in (["report", str(tmp_path)], ["merge", str(tmp_path), "--out", str(tmp_path / "m")],
+                 ["compare", str(tmp_path), str(tmp_path)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{tmp_path / 'results.jsonl'}:2: {message}" in err, err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "summary.md").exists()
+
+
+def test_null_env_missing_new_fields_and_every_outcome_and_verdict_read_fine(tmp_path):
+    from harness.report import cli
+
+    lines = [{**GOOD, "case_id": f"c{i}", "outcome": outcome} for i, outcome in enumerate(report.OUTCOMES)]
+    lines += [{**GOOD, "case_id": f"v{i}", "verdict": name, "env": None, "mismatches": []}
+              for i, name in enumerate(report.VERDICTS)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert len(cli.read_results(tmp_path)) == len(report.OUTCOMES) + len(report.VERDICTS)
+    assert cli.record_problem(GOOD) == ""
+
+
+def test_compare_counts_a_passing_case_that_became_unsupported_or_skipped_as_a_regression(tmp_path, capsys):
+    base = write(tmp_path / "base", [rec(IDS[0]), rec(IDS[1]), rec(IDS[2], outcome="unsupported", reason="r")])
+    new = write(tmp_path / "new", [rec(IDS[0], outcome="unsupported", reason="ImportError: no megatron"),
+                                   rec(IDS[1], outcome="skipped", reason="no CUDA device is visible"),
+                                   rec(IDS[2], outcome="unsupported", reason="r")])
+    assert main(["compare", str(base), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "Regressions (passed in base, unsupported or skipped in new): 2" in out
+    assert "bundled reentrant-default-eager-flat-none-cpu [NVIDIA H100 (sm_90) x1 @ ci-a]: pass -> unsupported" in out
+    assert "    ImportError: no megatron\n    rerun: python -m harness repro" in out
+    assert "pass -> skipped" in out and "New failures: 0" in out and "Changed results: 0" in out
+    assert main(["compare", str(new), str(base)]) == 0  # unsupported -> pass is no regression
+    capsys.readouterr()
+
+
+def test_compare_counts_a_known_failure_that_now_fails_another_way_as_a_new_failure(tmp_path, capsys):
+    note = "wrong failure: expected mismatch (recompute-mask), got mismatch (gradient)"
+    gradient = {**MISMATCH, "oracle": "gradient"}
+    base = write(tmp_path / "base", [rec(IDS[0], outcome="mismatch", expected="known"),
+                                     rec(IDS[1], outcome="error", error="E", expected="known")])
+    new = write(tmp_path / "new", [rec(IDS[0], outcome="mismatch", expected="known", mismatches=[gradient],
+                                       verdict="fail", verdict_note=note),
+                                   rec(IDS[1], outcome="error", error="E", expected="known")])
+    assert main(["compare", str(base), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "New failures: 1\n  bundled reentrant-default-eager-flat-none-cpu" in out
+    assert f"mismatch (xfail) -> mismatch\n    {note}\n    gradient s0 iteration 0" in out
+    assert "Changed results: 0" in out
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "base")]) == 0
+    capsys.readouterr()
 
 
 def test_report_rewrites_every_file_from_results_jsonl(tmp_path, capsys):

@@ -1,8 +1,9 @@
 """Result records as data: one pandas DataFrame row per case, one per mismatch.
 
-A record is a dict of `CaseResult.to_dict`, annotated by `report.annotate` (verdict, expected
-failure) and carrying the environment it ran in (`env`).  Renderers (markdown, HTML, CSV) read
-these frames; nothing here re-runs a case.
+A record is a dict (one line of results.jsonl): `CaseResult.to_dict` plus the verdict the run
+gave it (`verdict`, `verdict_note`, the expectation it was held to) and the environment it ran in
+(`env`).  Records written before a field existed still read: a missing field counts as empty.
+Renderers (markdown, HTML, CSV) read these frames or the run model; nothing here re-runs a case.
 """
 
 from __future__ import annotations
@@ -11,35 +12,41 @@ import re
 import shlex
 from typing import Any, Iterable, Mapping
 
-from .cases import AXES
-from .compare import Mismatch
-from .report_env import env_key, env_labels
+from ..cases import AXES
+from ..compare import Mismatch
+from .env import env_key, env_labels
 
 VERDICTS = ("pass", "fail", "xfail", "stale", "skip")
 FAILED_OUTCOMES = ("mismatch", "error", "crash", "timeout")
-OUTCOMES = ("pass", *FAILED_OUTCOMES, "unsupported", "skipped")
+SKIPPED_OUTCOMES = ("unsupported", "skipped")
+OUTCOMES = ("pass", *FAILED_OUTCOMES, *SKIPPED_OUTCOMES)
 # What a case shows as in tables and colours: its outcome, except that known failures read
 # "xfail" and expected failures that passed read "stale".
 STATUSES = ("pass", "mismatch", "error", "crash", "timeout", "stale", "xfail", "unsupported", "skipped")
-# Statuses that get a details section (and a link from the matrices).
-DETAILED = ("mismatch", "error", "crash", "timeout", "stale", "xfail")
-UNEXPECTED = ("mismatch", "error", "crash", "timeout", "stale")
+# Worst first: the status that colours a matrix cell.
+SEVERITY = ("crash", "timeout", "error", "mismatch", "stale", "xfail", "pass", "unsupported", "skipped")
+# Verdicts whose cases are listed one by one under "Failing cases" (and linked from the matrices).
+LISTED_VERDICTS = ("fail", "stale", "xfail")
 
 CASE_COLUMNS = (
-    "impl", "case_id", "env", *AXES, "outcome", "verdict", "status", "reason", "error",
-    "expected_failure", "expected_issue", "mismatch_count", "oracles", "first_mismatch",
-    "mismatch_lines", "duration_s", "worker", "impl_version", "iterations", "repro", "env_key",
+    "impl", "case_id", "env", *AXES, "outcome", "verdict", "verdict_note", "status", "reason", "error",
+    "expected_failure", "expected_outcome", "expected_oracles", "expected_issue", "mismatch_count",
+    "oracles", "first_mismatch", "mismatch_lines", "duration_s", "worker", "impl_version", "iterations",
+    "repro", "env_key",
 )
 MISMATCH_COLUMNS = (
     "impl", "case_id", "env", "oracle", "subject", "iteration", "count", "total", "first_index",
     "got", "expected", "detail", "message", "env_key",
 )
+# Fields a `Mismatch` needs; a hand-written or older record may lack some.
+_MISMATCH_DEFAULTS = {"oracle": "?", "subject": "", "iteration": 0, "count": 0, "total": 0}
 
 
 def verdict(outcome: str, expected: bool) -> str:
-    """How a result counts: fail / xfail for a failed case (mismatch, error, crash, timeout), stale
-    for an expected failure that passed, skip for unsupported or skipped cases."""
-    if outcome in ("unsupported", "skipped"):
+    """How a result counts when nothing more is known: fail / xfail for a failed case (mismatch,
+    error, crash, timeout), stale for an expected failure that passed, skip for unsupported or
+    skipped cases.  (Records of a run carry the verdict the run gave; this is for older ones.)"""
+    if outcome in SKIPPED_OUTCOMES:
         return "skip"
     failed = outcome in FAILED_OUTCOMES
     if expected:
@@ -58,6 +65,20 @@ def status(record: Mapping[str, Any]) -> str:
     return found if found in ("xfail", "stale") else str(record.get("outcome", ""))
 
 
+def text(record: Mapping[str, Any], name: str) -> str:
+    """A text field of the record, "" where it is missing or null."""
+    value = record.get(name)
+    return "" if value is None else str(value)
+
+
+def text_list(record: Mapping[str, Any], name: str) -> list[str]:
+    """A list-of-strings field (e.g. `expected_oracles`), [] where it is missing or null."""
+    value = record.get(name)
+    if not value:
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
 def record_key(record: Mapping[str, Any]) -> tuple[str, str, str]:
     """A case's identity across runs and merges: impl, case id and environment (GPU and host)."""
     return (str(record["impl"]), str(record["case_id"]), env_key(record.get("env")))
@@ -69,6 +90,7 @@ def mismatches(record: Mapping[str, Any]) -> list[Mismatch]:
     for m in record.get("mismatches") or []:
         index = m.get("first_index")
         fields = {k: v for k, v in m.items() if k in Mismatch.__dataclass_fields__}
+        fields = {**_MISMATCH_DEFAULTS, **fields}
         out.append(Mismatch(**{**fields, "first_index": tuple(index) if isinstance(index, list) else index}))
     return out
 
@@ -97,9 +119,10 @@ def environments(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, An
 
 
 def results_frame(records: list[dict[str, Any]]) -> Any:
-    """One row per case: identity, every axis, outcome, verdict, status, reason or error, the
-    mismatches (count, oracles, first and all lines), duration, worker and the environment
-    (as `env.<field>` columns).  Extra scalar keys of the records (new axes) come along too."""
+    """One row per case: identity, every axis, outcome, verdict (and its note), status, reason or
+    error, the expectation (reason, outcome, oracles, issue), the mismatches (count, oracles, first
+    and all lines), duration, worker and the environment (as `env.<field>` columns).  Extra scalar
+    keys of the records (new axes, `interrupted`) come along too."""
     import pandas as pd
 
     labels = labels_of(records)
@@ -112,9 +135,12 @@ def results_frame(records: list[dict[str, Any]]) -> Any:
             "impl": record.get("impl", ""), "case_id": record.get("case_id", ""), "env": labels[key],
             **{axis: record.get(axis, "") for axis in AXES},
             "outcome": record.get("outcome", ""), "verdict": record_verdict(record),
-            "status": status(record), "reason": record.get("reason", ""), "error": record.get("error", ""),
-            "expected_failure": record.get("expected_failure", ""),
-            "expected_issue": record.get("expected_issue", ""),
+            "verdict_note": text(record, "verdict_note"),
+            "status": status(record), "reason": text(record, "reason"), "error": text(record, "error"),
+            "expected_failure": text(record, "expected_failure"),
+            "expected_outcome": text(record, "expected_outcome"),
+            "expected_oracles": ", ".join(text_list(record, "expected_oracles")),
+            "expected_issue": text(record, "expected_issue"),
             "mismatch_count": len(found),
             "oracles": ", ".join(dict.fromkeys(m.oracle for m in found)),
             "first_mismatch": found[0].message() if found else "",
@@ -138,22 +164,27 @@ def results_frame(records: list[dict[str, Any]]) -> Any:
 
 def mismatches_frame(records: list[dict[str, Any]]) -> Any:
     """One row per mismatch: the case, oracle, site / stream / tensor, iteration, k of n, the first
-    differing index with both values, and the PyTorch-style message."""
+    differing index with both values, and the PyTorch-style message.  When a record says the run
+    was interrupted (`interrupted`), an `interrupted` column says so on every row."""
     import pandas as pd
 
     labels = labels_of(records)
+    interrupted = any(text(r, "interrupted") for r in records)
     rows = []
     for record in records:
         key = env_key(record.get("env"))
         for m in mismatches(record):
-            rows.append({
+            row = {
                 "impl": record["impl"], "case_id": record["case_id"], "env": labels[key],
                 "oracle": m.oracle, "subject": m.subject, "iteration": m.iteration, "count": m.count,
                 "total": m.total, "first_index": "" if m.first_index is None else str(m.first_index),
                 "got": m.got, "expected": m.expected, "detail": m.detail, "message": m.message(),
                 "env_key": key,
-            })
-    return pd.DataFrame(rows, columns=list(MISMATCH_COLUMNS))
+            }
+            if interrupted:
+                row["interrupted"] = text(record, "interrupted")
+            rows.append(row)
+    return pd.DataFrame(rows, columns=[*MISMATCH_COLUMNS, *(["interrupted"] if interrupted else [])])
 
 
 def _scalar(value: Any) -> bool:

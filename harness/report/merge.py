@@ -1,9 +1,10 @@
 """Merging reports of separate jobs, and comparing two reports.
 
 A case is identified by impl, case id and the environment it ran in (GPU and host, see
-`report_env.env_key`): merging the shards of one job joins their cases, and merging an A100 job
+`env.env_key`): merging the shards of one job joins their cases, and merging an A100 job
 with an H100 job keeps the same case twice, once per GPU.  Comparing lists what changed between a
-base report and a new one; a new failure is what CI gates on.
+base report and a new one; a new failure (or a regression: a case that passed and now does not
+run) is what CI gates on.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .report_env import env_key
-from .report_frame import FAILED_OUTCOMES, mismatches, record_key, record_verdict, repro_command
+from .env import env_key
+from .frame import FAILED_OUTCOMES, SKIPPED_OUTCOMES, mismatches, record_key, record_verdict, repro_command, text
 
 UNKNOWN_ENV = {"gpu": "unknown", "host": "unknown"}
 MAX_LISTED = 20  # conflicts and one-sided cases listed by name; the rest are counted
@@ -65,6 +66,19 @@ def _failing(record: Mapping[str, Any] | None) -> bool:
     return record is not None and record.get("outcome") in FAILED_OUTCOMES
 
 
+def _newly_failing(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """A failure now that was none before: the outcome turned into a failure, or the verdict
+    turned into fail (e.g. a known failure that now fails another way, same outcome)."""
+    if _failing(after) and not _failing(before):
+        return True
+    return record_verdict(after) == "fail" and record_verdict(before) != "fail"
+
+
+def _regressed(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Passed before, and now is not even run: unsupported or skipped."""
+    return before.get("outcome") == "pass" and after.get("outcome") in SKIPPED_OUTCOMES
+
+
 def _envs(records: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     out: dict[str, Mapping[str, Any]] = {}
     for record in records:
@@ -105,15 +119,26 @@ class Change:
     def line(self) -> str:
         before = _describe(self.base)
         after = _describe(self.new)
-        text = f"{self.impl} {self.case_id} [{self.env}]: {before} -> {after}"
-        if self.new is not None and _failing(self.new):
+        out = f"{self.impl} {self.case_id} [{self.env}]: {before} -> {after}"
+        if self.new is None:
+            return out
+        note = text(self.new, "verdict_note").strip()
+        if note:
+            out += f"\n    {note.splitlines()[0]}"
+        if _failing(self.new) or record_verdict(self.new) == "fail" or (
+                self.base is not None and _regressed(self.base, self.new)):
             found = mismatches(self.new)
-            errors = str(self.new.get("error", "")).strip().splitlines()
-            first = found[0].message() if found else (errors[0] if errors else "")
-            if first:
-                text += f"\n    {first}"
-            text += f"\n    rerun: {repro_command(self.new)}"
-        return text
+            first = (found[0].message() if found else _first_line(self.new.get("error"))
+                     or _first_line(self.new.get("reason")))
+            if first and first != note:
+                out += f"\n    {first}"
+            out += f"\n    rerun: {repro_command(self.new)}"
+        return out
+
+
+def _first_line(value: Any) -> str:
+    lines = [line for line in str(value or "").splitlines() if line.strip()]
+    return lines[0].strip() if lines else ""
 
 
 def _describe(record: Mapping[str, Any] | None) -> str:
@@ -121,28 +146,38 @@ def _describe(record: Mapping[str, Any] | None) -> str:
         return "absent"
     verdict_name = record_verdict(record)
     outcome = str(record.get("outcome", "?"))
-    return outcome if verdict_name in ("pass", "fail", "skip") else f"{outcome} ({verdict_name})"
+    plain = verdict_name in ("pass", "skip") or (verdict_name == "fail" and outcome in FAILED_OUTCOMES)
+    return outcome if plain else f"{outcome} ({verdict_name})"
 
 
 @dataclass
 class Comparison:
-    """What changed from `base` to `new`: new failures, fixed cases, other changed results, and
-    cases present on one side only."""
+    """What changed from `base` to `new`: new failures, regressions (passed, now unsupported or
+    skipped), fixed cases, other changed results, and cases present on one side only."""
 
     base_count: int
     new_count: int
     new_failures: list[Change] = field(default_factory=list)
+    regressions: list[Change] = field(default_factory=list)
     fixed: list[Change] = field(default_factory=list)
     changed: list[Change] = field(default_factory=list)
     only_base: list[Change] = field(default_factory=list)
     only_new: list[Change] = field(default_factory=list)
     env_notes: list[str] = field(default_factory=list)
 
+    @property
+    def failed(self) -> bool:
+        """Whether CI should fail: a new failure or a regression."""
+        return bool(self.new_failures or self.regressions)
+
     def lines(self, base_name: str, new_name: str) -> list[str]:
         """The comparison as text for a terminal or a CI log."""
         out = [f"compare {base_name} ({self.base_count} cases) -> {new_name} ({self.new_count} cases)"]
         out += self.env_notes
-        for title, items, limit in (("New failures", self.new_failures, None), ("Fixed", self.fixed, None),
+        for title, items, limit in (("New failures", self.new_failures, None),
+                                    ("Regressions (passed in base, unsupported or skipped in new)",
+                                     self.regressions, None),
+                                    ("Fixed", self.fixed, None),
                                     ("Changed results", self.changed, None),
                                     ("Only in base (not run in new)", self.only_base, MAX_LISTED),
                                     ("Only in new (not run in base)", self.only_new, MAX_LISTED)):
@@ -158,9 +193,10 @@ def compare(base: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]])
     """Compare two reports case by case (impl, case id, matched environment).
 
     A new failure is a case that fails (mismatch, error, crash, timeout) in `new` and did not fail
-    in `base`, or is new in `new` and fails unexpectedly.  Fixed: failed in `base`, passes in
-    `new`.  Changed: any other difference of outcome or verdict, or a failure whose failing oracles
-    moved.
+    in `base`, whose verdict became fail (e.g. a known failure that now fails another way, with
+    the same outcome), or that is new in `new` and fails unexpectedly.  A regression passed in
+    `base` and is unsupported or skipped in `new`.  Fixed: failed in `base`, passes in `new`.
+    Changed: any other difference of outcome or verdict, or a failure whose failing oracles moved.
     """
     base_envs, new_envs = _envs(base), _envs(new)
     mapping = match_environments(base_envs, new_envs)
@@ -178,9 +214,11 @@ def compare(base: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]])
         change = Change(impl, case_id, key, before, record)
         if before is None:
             (result.new_failures if record_verdict(record) == "fail" else result.only_new).append(change)
-        elif _failing(record) and not _failing(before):
+        elif _newly_failing(before, record):
             result.new_failures.append(change)
-        elif _failing(before) and record.get("outcome") == "pass":
+        elif _regressed(before, record):
+            result.regressions.append(change)
+        elif (_failing(before) or record_verdict(before) == "fail") and record.get("outcome") == "pass":
             result.fixed.append(change)
         elif _signature(before)[:2] != _signature(record)[:2] or _oracles(before) != _oracles(record):
             result.changed.append(change)

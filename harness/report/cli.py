@@ -3,11 +3,12 @@
 ``report DIR``: rewrite DIR's report files from its results.jsonl.
 ``merge DIR... --out DIR``: join the reports of separate jobs (shards, GPU types) into one; each
 case keeps the environment it ran in.
-``compare BASE NEW``: new failures, fixed cases and changed results; exit status 1 on a new failure.
+``compare BASE NEW``: new failures, regressions, fixed cases and changed results; exit status 1
+on a new failure or a regression (a case that passed in BASE and is unsupported or skipped in NEW).
 
-Bad input (a missing directory, a corrupt or truncated results.jsonl line, an empty report, an
-unwritable output) is a `UsageFailure`: one line, exit status 2, and nothing already written is
-touched.
+Bad input (a missing directory, a corrupt or truncated results.jsonl line, a record that breaks the
+record contract, an empty report, an unwritable output) is a `UsageFailure`: one line, exit status
+2, and nothing already written is touched.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from . import report as reporting
-from . import report_merge
+from . import ReportError, env_key, write
+from . import merge as report_merge
+from .frame import OUTCOMES, VERDICTS
 
 REQUIRED_KEYS = ("impl", "case_id", "outcome")
 
@@ -37,8 +39,8 @@ def read_results(directory: "str | Path") -> list[dict[str, Any]]:
     """Every record of DIR/results.jsonl (or of a .jsonl file given directly).
 
     A missing or unreadable file, a line that is not a JSON object (corrupt, or truncated by a job
-    that died mid-write) or a record without impl, case_id and outcome is a UsageFailure naming
-    file:line.  Blank lines are skipped.
+    that died mid-write) or a record that breaks the record contract (`record_problem`) is a
+    UsageFailure naming file:line.  Blank lines are skipped.
     """
     source = results_path(directory)
     if not source.is_file():
@@ -64,11 +66,46 @@ def read_results(directory: "str | Path") -> list[dict[str, Any]]:
             raise UsageFailure(f"{source}:{number}: {what} ({exc.msg} at column {exc.colno})") from None
         if not isinstance(record, dict):
             raise UsageFailure(f"{source}:{number}: not a JSON object")
-        missing = [key for key in REQUIRED_KEYS if key not in record]
-        if missing:
-            raise UsageFailure(f"{source}:{number}: record lacks {', '.join(missing)}")
+        problem = record_problem(record)
+        if problem:
+            raise UsageFailure(f"{source}:{number}: {problem}")
         records.append(record)
     return records
+
+
+def record_problem(record: dict[str, Any]) -> str:
+    """What breaks the record contract, in a few words; "" for a good record.
+
+    Required: impl, case_id (strings) and outcome (one of the seven outcomes).  Where present:
+    verdict is one of the five verdicts, mismatches a list of objects, env an object (or null).
+    Fields a record lacks (older reports) count as empty.
+    """
+    missing = [key for key in REQUIRED_KEYS if key not in record]
+    if missing:
+        return f"record lacks {', '.join(missing)}"
+    for key in ("impl", "case_id"):
+        if not isinstance(record[key], str):
+            return f"{key} must be a string, not {_json_type(record[key])}"
+    if record["outcome"] not in OUTCOMES:
+        return f"outcome {record['outcome']!r} is none of {', '.join(OUTCOMES)}"
+    if "verdict" in record and record["verdict"] not in VERDICTS:
+        return f"verdict {record['verdict']!r} is none of {', '.join(VERDICTS)}"
+    if "mismatches" in record:
+        found = record["mismatches"]
+        if not isinstance(found, list):
+            return f"mismatches must be a list, not {_json_type(found)}"
+        bad = next((i for i, m in enumerate(found) if not isinstance(m, dict)), None)
+        if bad is not None:
+            return f"mismatches[{bad}] must be an object, not {_json_type(found[bad])}"
+    if record.get("env") is not None and not isinstance(record["env"], dict):
+        return f"env must be an object or null, not {_json_type(record['env'])}"
+    return ""
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def read_nonempty(location: "str | Path") -> list[dict[str, Any]]:
@@ -81,8 +118,8 @@ def read_nonempty(location: "str | Path") -> list[dict[str, Any]]:
 
 def _write(records: list[dict[str, Any]], target: "str | Path") -> Path:
     try:
-        return reporting.write(records, target, env=dict(report_merge.UNKNOWN_ENV))
-    except reporting.ReportError as exc:
+        return write(records, target, env=dict(report_merge.UNKNOWN_ENV))
+    except ReportError as exc:
         raise UsageFailure(str(exc)) from None
 
 
@@ -106,7 +143,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     sources = [(str(d), read_nonempty(d)) for d in inputs]
     records, notes = report_merge.merge(sources)
     written = _write(records, out)
-    envs = {reporting.env_key(r.get("env")) for r in records}
+    envs = {env_key(r.get("env")) for r in records}
     print(f"merged {len(records)} cases from {len(sources)} reports ({len(envs)} environment"
           f"{'s' * (len(envs) != 1)}) into {written}")
     for note in notes:
@@ -119,7 +156,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     new = read_nonempty(args.new)
     comparison = report_merge.compare(base, new)
     print("\n".join(comparison.lines(str(args.base), str(args.new))))
-    return 1 if comparison.new_failures else 0
+    return 1 if comparison.failed else 0
 
 
 def add_commands(sub: Any, commands: dict[str, Callable[[argparse.Namespace], int]]) -> None:
@@ -135,10 +172,11 @@ def add_commands(sub: Any, commands: dict[str, Callable[[argparse.Namespace], in
     p_merge.add_argument("--out", required=True, metavar="DIR", help="where the merged report goes")
     commands["merge"] = cmd_merge
 
-    p_compare = sub.add_parser("compare", help="new failures, fixed cases and changed results; exit 1 on a "
-                                               "new failure",
+    p_compare = sub.add_parser("compare", help="new failures, regressions, fixed cases and changed results; "
+                                               "exit 1 on a new failure or a regression",
                                description="Compare two reports case by case. Exit status 1 when a case "
-                                           "fails in NEW that did not fail in BASE.")
+                                           "fails in NEW that did not fail in BASE, or passed in BASE and "
+                                           "is unsupported or skipped in NEW.")
     p_compare.add_argument("base", metavar="BASE", help="report directory (or results.jsonl) of the base run")
     p_compare.add_argument("new", metavar="NEW", help="report directory (or results.jsonl) of the new run")
     commands["compare"] = cmd_compare

@@ -1,7 +1,9 @@
-"""report.html: the run's matrices in colour, one self-contained file (inline CSS and script, no
+"""report.html: a run model in colour, one self-contained file (inline CSS and script, no
 network).  Each matrix cell (one layout x capture of one impl and mode) holds a small grid with a
-square per case (columns: nesting, rows: interleave); every failing square links to the case's
-details further down: its mismatches, expectation and a command that reruns it alone.
+square per case (columns: nesting, rows: interleave); every listed square (unexpected failure,
+stale, known failure) links to the case's details further down: its verdict note, expectation,
+error with the tail of its traceback, mismatches and a command that reruns it alone.  Everything
+shown comes from `model.RunModel`; nothing is decided here.
 """
 
 from __future__ import annotations
@@ -9,21 +11,17 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
-from .report_env import RNG_APIS, env_key, rng_apis
-from .report_frame import (
-    DETAILED,
-    STATUSES,
-    anchor,
-    case_sort_key,
-    environments,
-    labels_of,
-    mismatches,
-    ordered,
-    record_verdict,
-    repro_command,
-    status,
+from .frame import STATUSES, anchor, mismatches, record_verdict, repro_command, status, text
+from .model import (
+    Attention,
+    CaseNote,
+    Matrix,
+    RunModel,
+    SkipGroup,
+    expectation_text,
+    traceback_tail,
+    verdict_line,
 )
-from .report_markdown import ENV_FIELDS, totals_line
 
 MAX_HTML_MISMATCH_ROWS = 50  # per unexpected failure; the jsonl keeps all of them
 MAX_HTML_XFAIL_ROWS = 12  # known failures are many and read alike
@@ -39,8 +37,6 @@ STATUS_TEXT = {
     "unsupported": "the implementation declared it cannot run this case",
     "skipped": "this environment cannot run it",
 }
-# Worst first: the colour a matrix cell takes.
-SEVERITY = ("crash", "timeout", "error", "mismatch", "stale", "xfail", "pass", "unsupported", "skipped")
 
 CSS = """
 :root { --pass:#2da44e; --mismatch:#cf222e; --error:#8250df; --crash:#82071e; --timeout:#953800;
@@ -105,6 +101,12 @@ table.mm td, table.mm th { border: 1px solid var(--line); padding: 3px 8px; text
 table.mm th { background: #f6f8fa; }
 .cmd { background: #f6f8fa; padding: 3px 6px; border-radius: 4px; user-select: all; }
 .muted { color: var(--muted); }
+.banner { background: var(--bg-mismatch); border: 2px solid var(--mismatch); border-radius: 6px; padding: 8px 14px; margin: 10px 0; font-size: 15px; }
+.box.skip { background: var(--bg-unsupported); border-color: var(--unsupported); }
+.box.interrupted { background: var(--bg-mismatch); border: 2px solid var(--mismatch); }
+.sq.v-fail { outline: 2px solid var(--mismatch); outline-offset: 1px; }
+.note { font-weight: 600; }
+pre.tb { max-height: 26em; overflow-y: auto; }
 .envname { font-weight: 600; margin: 12px 0 2px; padding: 2px 8px; background: #f6f8fa; border-left: 3px solid #8c959f; display: inline-block; }
 """
 
@@ -124,51 +126,42 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def render_html(records: Sequence[Mapping[str, Any]], *, unmatched: Sequence[str] | None = None,
-                generated: str = "") -> str:
-    """The whole page as a string: header, environment(s), what needs attention, legend, counts,
-    per impl one matrix per mode (per environment where there are several), failing case details."""
-    records = list(records)
-    labels = labels_of(records)
-    multi_env = len(labels) > 1
+def render_html(model: RunModel, *, generated: str = "") -> str:
+    """The whole page of `model` as a string: the interrupted banner, header, environment(s), what
+    needs attention, legend, counts, per impl one matrix per mode (per environment where there are
+    several), then the details of every listed case."""
+    banner = (f'<div class="banner"><b>⚠ The run was interrupted</b> ({_e(model.interrupted)}): this '
+              "report holds only the cases that finished.</div>") if model.interrupted else ""
+    totals = " · ".join(f"<b>{_e(t.text)}</b>" if t.loud else _e(t.text) for t in model.totals)
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>Checkpoint RNG harness report</title>", f"<style>{CSS}</style></head><body>",
-        "<header><h1>Checkpoint RNG harness report</h1>",
-        f'<p class="totals">{_md_bold(totals_line(records))}</p>',
+        "<header><h1>Checkpoint RNG harness report</h1>", banner,
+        f'<p class="totals">{totals}</p>',
         f'<p class="muted">{_e(generated)}</p>' if generated else "",
         '<nav><a href="#environment">Environment</a><a href="#attention">Needs attention</a>'
         '<a href="#counts">Counts</a><a href="#matrices">Matrices</a><a href="#cases">Failing cases</a></nav>',
         "</header>",
-        _environment_section(records),
-        _attention_section(records, unmatched, labels, multi_env),
-        _counts_section(records, labels, multi_env),
-        _matrices_section(records, labels, multi_env),
-        _cases_section(records, labels, multi_env),
+        _environment_section(model),
+        _attention_section(model.attention),
+        _counts_section(model),
+        _matrices_section(model),
+        _cases_section(model),
         f"<script>{SCRIPT}</script></body></html>",
     ]
     return "\n".join(p for p in parts if p)
 
 
-def _md_bold(text: str) -> str:
-    pieces = _e(text).split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(pieces))
-
-
-def _environment_section(records: Sequence[Mapping[str, Any]]) -> str:
-    envs = environments(records)
-    fields = [f for f in ENV_FIELDS if any(f in env for env in envs.values())]
-    fields += sorted({k for env in envs.values() for k in env} - set(ENV_FIELDS) - {"rng_apis", "gpu_name", "gpu_count"})
+def _environment_section(model: RunModel) -> str:
+    envs = model.environments
     head = "".join(f"<th>{_e(label)}</th>" for label in envs) if len(envs) > 1 else "<th>value</th>"
     rows = [f"<tr><th>{_e(f)}</th>" + "".join(f"<td>{_e(env.get(f, ''))}</td>" for env in envs.values()) + "</tr>"
-            for f in fields]
-    apis = {label: rng_apis(env) for label, env in envs.items()}
-    names = list(RNG_APIS) + sorted({n for a in apis.values() for n in a} - set(RNG_APIS))
-    for name in names:
+            for f in model.env_fields]
+    for name in model.api_names:
         cells = []
         for label in envs:
-            value = apis[label].get(name, "not recorded")
+            value = model.apis[label].get(name, "not recorded")
             kind = "yes" if value == "yes" else "no" if value.startswith("no ") or value == "no" else "unknown"
             cells.append(f'<td class="api-{kind}">{_e(value)}</td>')
         rows.append(f"<tr><th>RNG API: <code>{_e(name)}</code></th>{''.join(cells)}</tr>")
@@ -177,100 +170,113 @@ def _environment_section(records: Sequence[Mapping[str, Any]]) -> str:
             + "".join(rows) + "</table></section>")
 
 
-def _case_link(record: Mapping[str, Any], labels: Mapping[str, str], multi_env: bool) -> str:
-    where = f" <span class=\"muted\">({_e(labels[env_key(record.get('env'))])})</span>" if multi_env else ""
-    return f'<a href="#{anchor(record)}"><b>{_e(record["impl"])}</b> <code>{_e(record["case_id"])}</code></a>{where}'
-
-
-def _attention_section(records: Sequence[Mapping[str, Any]], unmatched: Sequence[str] | None,
-                       labels: Mapping[str, str], multi_env: bool) -> str:
-    failed = sorted((r for r in records if record_verdict(r) == "fail"), key=case_sort_key)
-    stale = sorted((r for r in records if record_verdict(r) == "stale"), key=case_sort_key)
+def _attention_section(attention: Attention) -> str:
     out = ['<section id="attention"><h2>Needs attention</h2>']
-    if failed:
-        out.append(f'<div class="box fail"><h3>Unexpected failures: {len(failed)}</h3>'
-                   "<div>Not in the expectations file: a bug in the implementation, or a known limitation "
-                   "to record there.</div>"
-                   + _folded_lists(failed, labels, multi_env, lambda r: f"{_badge(status(r))} "
-                                   f'<span class="mono">{_e(_what(r))}</span>') + "</div>")
-    if stale:
-        out.append(f'<div class="box stale"><h3>⚠ Stale expectations: {len(stale)}</h3>'
+    if attention.interrupted:
+        out.append(f'<div class="box interrupted"><h3>⚠ Interrupted</h3><div>The run was interrupted '
+                   f"({_e(attention.interrupted)}): the cases that did not finish are in no table "
+                   "below.</div></div>")
+    if attention.failures:
+        out.append(f'<div class="box fail"><h3>Unexpected failures: {len(attention.failures)}</h3>'
+                   "<div>Not as the expectations file says: a bug in the implementation, a known "
+                   "limitation to record there, or a known failure that failed differently.</div>"
+                   + _folded_lists(attention.failures, lambda c: f"{_badge(status(c.record))} "
+                                   f'<span class="mono">{_e(c.note)}</span>') + "</div>")
+    if attention.stale:
+        out.append(f'<div class="box stale"><h3>⚠ Stale expectations: {len(attention.stale)}</h3>'
                    "<div>The expectations file says these cases fail, but they <b>passed</b>: fix or narrow "
                    "the entries in <code>cases/expectations.toml</code>.</div>"
-                   + _folded_lists(stale, labels, multi_env, lambda r: "expected to fail (<i>"
-                                   f"{_e(_first_line(r.get('expected_failure', '')))}</i>) but passed") + "</div>")
-    if unmatched:
-        items = "".join(f"<li><code>{_e(entry)}</code></li>" for entry in unmatched)
-        out.append(f'<div class="box warn"><h3>⚠ Expectation entries that match no case: {len(unmatched)}</h3>'
-                   f"<ul>{items}</ul></div>")
-    if not (failed or stale or unmatched):
-        out.append('<div class="box ok">Nothing: every case passed, was skipped, or failed as the '
-                   "expectations file says.</div>")
+                   + _folded_lists(attention.stale, lambda c: f"<i>{_e(c.note)}</i>") + "</div>")
+    if attention.problems:
+        items = "".join(f"<li><code>{_e(line)}</code></li>" for line in attention.problems)
+        out.append(f'<div class="box warn"><h3>⚠ Expectation problems: {len(attention.problems)}</h3>'
+                   "<div>Entries of the expectations file that can never apply (their cases match no "
+                   f"case, or their impl names no implementation):</div><ul>{items}</ul></div>")
+    if attention.skips:
+        count = sum(g.count for g in attention.skips)
+        items = "".join(_skip_item(g) for g in attention.skips)
+        out.append(f'<div class="box skip"><h3>Unsupported or skipped: {count} case{"s" * (count != 1)}</h3>'
+                   "<div>Cases an implementation declared it cannot run, or this environment cannot run, "
+                   f"with their reasons (cases per reason):</div><ul>{items}</ul></div>")
+    if attention.nothing:
+        out.append('<div class="box ok">Nothing: every case passed, or failed as the expectations file '
+                   "says.</div>")
     return "".join(out) + "</section>"
 
 
-def _folded_lists(records: Sequence[Mapping[str, Any]], labels: Mapping[str, str], multi_env: bool,
-                  what: Any, open_up_to: int = 8) -> str:
+def _skip_item(group: SkipGroup) -> str:
+    where = f" on {_e(group.env)}" if group.env else ""
+    head = f"<li><b>{_e(group.impl)}</b>{where}: {group.count} {_badge(group.outcome)}"
+    if len(group.reasons) == 1:
+        reason, n = group.reasons[0]
+        return f'{head} — <span class="mono">{_e(reason)}</span> ({n})</li>'
+    reasons = "".join(f'<li><span class="mono">{_e(reason)}</span> ({n})</li>' for reason, n in group.reasons)
+    return f"{head}<ul>{reasons}</ul></li>"
+
+
+def _folded_lists(cases: Sequence[CaseNote], what: Any, open_up_to: int = 8) -> str:
     """One folded list per impl (and environment): '<impl>: N cases', open when short."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in records:
-        groups.setdefault((str(r["impl"]), labels[env_key(r.get("env"))] if multi_env else ""), []).append(r)
+    groups: dict[tuple[str, str], list[CaseNote]] = {}
+    for case in cases:
+        groups.setdefault((str(case.record["impl"]), case.env), []).append(case)
     out = []
     for (impl, env_label), subset in groups.items():
         where = f" on {_e(env_label)}" if env_label else ""
-        items = "".join(f'<li><a href="#{anchor(r)}"><code>{_e(r["case_id"])}</code></a> {what(r)}</li>'
-                        for r in subset)
+        items = "".join(f'<li><a href="#{anchor(c.record)}"><code>{_e(c.record["case_id"])}</code></a> {what(c)}</li>'
+                        for c in subset)
         opened = " open" if len(subset) <= open_up_to else ""
         out.append(f'<details class="group"{opened}><summary><b>{_e(impl)}</b>{where}: {len(subset)} '
                    f"case{'s' * (len(subset) != 1)}</summary><ul>{items}</ul></details>")
     return "".join(out)
 
 
-def _first_line(text: Any) -> str:
-    lines = [line for line in str(text).splitlines() if line.strip()]
-    return lines[0] if lines else ""
-
-
-def _what(record: Mapping[str, Any]) -> str:
-    found = mismatches(record)
-    if found:
-        return found[0].message() + (f" (+{len(found) - 1} more)" if len(found) > 1 else "")
-    return _first_line(record.get("error", "")) or _first_line(record.get("reason", ""))
-
-
 def _badge(name: str) -> str:
     return f'<span class="badge s-{_e(name)}">{_e(name)}</span>'
 
 
-def _legend(records: Sequence[Mapping[str, Any]]) -> str:
+def _legend(model: RunModel) -> str:
     items = "".join(f'<span class="item" title="{_e(STATUS_TEXT[s])}"><span class="sq s-{s}"></span>{s}</span>'
                     for s in STATUSES)
     items += '<span class="item"><span class="sq s-none"></span>no such case</span>'
-    nesting = ordered((r.get("nesting", "") for r in records), "nesting")
-    interleave = ordered((r.get("interleave", "") for r in records), "interleave")
-    key = (f'<div class="muted">In each matrix cell: one square per case, columns {_e(" / ".join(nesting))} '
-           f'(nesting), rows {_e(" / ".join(interleave))} (interleave). Failing squares link to the '
+    items += ('<span class="item"><span class="sq s-unsupported v-fail"></span>red outline: '
+              "unexpected failure (e.g. unsupported where support is required)</span>")
+    key = (f'<div class="muted">In each matrix cell: one square per case, columns {_e(" / ".join(model.nestings))} '
+           f'(nesting), rows {_e(" / ".join(model.interleaves))} (interleave). Failing squares link to the '
            "case's details; hover a square for its id.</div>")
     return f'<div class="legend">{items}</div>{key}'
 
 
-def _counts_section(records: Sequence[Mapping[str, Any]], labels: Mapping[str, str], multi_env: bool) -> str:
-    groups: dict[tuple[str, str], list[str]] = {}
-    for r in records:
-        groups.setdefault((str(r["impl"]), labels[env_key(r.get("env"))] if multi_env else ""), []).append(status(r))
-    present = [s for s in STATUSES if any(s in v for v in groups.values())]
-    head = "<tr><th>impl</th>" + ("<th>environment</th>" if multi_env else "") + "".join(
-        f'<th><span class="sq s-{s}"></span> {s}</th>' for s in present) + "<th>total</th></tr>"
+def _counts_section(model: RunModel) -> str:
+    frame = model.counts
+    keys = [c for c in ("impl", "env") if c in frame.columns]
+    names = [c for c in frame.columns if c not in keys]
+
+    def head_cell(name: str) -> str:
+        if name in STATUSES:
+            return f'<th><span class="sq s-{_e(name)}"></span> {_e(name)}</th>'
+        return f"<th>{_e(name)}</th>"
+
+    verdict_class = {"unexpected fail": "mismatch", "known (xfail)": "xfail", "stale": "stale"}
+    head = ("<tr><th>impl</th>" + ("<th>environment</th>" if "env" in keys else "")
+            + "".join(head_cell(n) for n in names) + "</tr>")
     rows = []
-    for (impl, env_label), values in sorted(groups.items()):
+    for row in frame.to_dict("records"):
         cells = []
-        for s in present:
-            n = values.count(s)
-            cells.append(f'<td class="num c-{s}">{n}</td>' if n else '<td class="zero">·</td>')
-        env_cell = f"<td>{_e(env_label)}</td>" if multi_env else ""
-        rows.append(f'<tr><td><a href="#{_impl_id(impl)}">{_e(impl)}</a></td>{env_cell}{"".join(cells)}'
-                    f'<td class="num">{len(values)}</td></tr>')
-    return (f'<section id="counts"><h2>Counts per implementation</h2>{_legend(records)}'
+        for name in names:
+            n = int(row[name])
+            colour = name if name in STATUSES else verdict_class.get(name, "")
+            if name == "total":
+                cells.append(f'<td class="num">{n}</td>')
+            elif n:
+                cells.append(f'<td class="num c-{_e(colour)}">{n}</td>')
+            else:
+                cells.append('<td class="zero">·</td>')
+        env_cell = f"<td>{_e(row['env'])}</td>" if "env" in keys else ""
+        rows.append(f'<tr><td><a href="#{_impl_id(row["impl"])}">{_e(row["impl"])}</a></td>{env_cell}'
+                    f'{"".join(cells)}</tr>')
+    return (f'<section id="counts"><h2>Counts per implementation</h2>{_legend(model)}'
+            '<p class="muted">Outcomes as run, then verdicts: <i>unexpected fail</i> (not as the expectations '
+            "file says), <i>known (xfail)</i>, <i>stale</i> (expected to fail, passed).</p>"
             f'<table class="plain">{head}{"".join(rows)}</table></section>')
 
 
@@ -278,76 +284,51 @@ def _impl_id(impl: str) -> str:
     return "impl-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in impl)
 
 
-def _matrices_section(records: Sequence[Mapping[str, Any]], labels: Mapping[str, str], multi_env: bool) -> str:
+def _matrices_section(model: RunModel) -> str:
     out = ['<section id="matrices"><h2>Layout × capture, per implementation and mode</h2>']
-    by_impl: dict[str, list[Mapping[str, Any]]] = {}
-    for r in records:
-        by_impl.setdefault(str(r["impl"]), []).append(r)
-    for impl in sorted(by_impl):
-        subset = by_impl[impl]
-        counts = {s: sum(1 for r in subset if status(r) == s) for s in STATUSES}
-        summary = " · ".join(f"{n} {s}" for s, n in counts.items() if n)
+    by_impl: dict[str, list[Matrix]] = {}
+    for matrix in model.matrices:
+        by_impl.setdefault(matrix.impl, []).append(matrix)
+    for impl, matrices in by_impl.items():
+        summary = " · ".join(f"{n} {s}" for s, n in model.impl_statuses.get(impl, {}).items())
         out.append(f'<div class="impl" id="{_impl_id(impl)}"><h3>{_e(impl)}</h3><p class="sub">{_e(summary)}</p>')
-        for key, label in labels.items():
-            in_env = [r for r in subset if env_key(r.get("env")) == key]
-            if not in_env:
-                continue
-            if multi_env:
-                out.append(f'<div class="envname">{_e(label)}</div>')
-            out.append('<div class="modes">')
-            for mode in ordered((r.get("mode", "") for r in in_env), "mode"):
-                out.append(_matrix([r for r in in_env if r.get("mode") == mode], mode))
-            out.append("</div>")
+        by_env: dict[str, list[Matrix]] = {}
+        for matrix in matrices:
+            by_env.setdefault(matrix.env, []).append(matrix)
+        for env_label, in_env in by_env.items():
+            if env_label:
+                out.append(f'<div class="envname">{_e(env_label)}</div>')
+            out.append('<div class="modes">' + "".join(_matrix(m) for m in in_env) + "</div>")
         out.append("</div>")
     return "".join(out) + "</section>"
 
 
-def _matrix(records: Sequence[Mapping[str, Any]], mode: str) -> str:
-    layouts = ordered((r.get("layout", "") for r in records), "layout")
-    captures = ordered((r.get("capture", "") for r in records), "capture")
-    nestings = ordered((r.get("nesting", "") for r in records), "nesting")
-    interleaves = ordered((r.get("interleave", "") for r in records), "interleave")
-    cells: dict[tuple[str, str], dict[tuple[str, str], list[Mapping[str, Any]]]] = {}
-    for r in records:
-        cell = cells.setdefault((r.get("layout", ""), r.get("capture", "")), {})
-        cell.setdefault((r.get("nesting", ""), r.get("interleave", "")), []).append(r)
+def _matrix(matrix: Matrix) -> str:
     head = ('<tr><th class="row corner">layout \\ capture</th>'
-            + "".join(f"<th>{_e(c)}</th>" for c in captures) + "</tr>")
+            + "".join(f"<th>{_e(c)}</th>" for c in matrix.captures) + "</tr>")
     rows = []
-    for layout in layouts:
+    for layout in matrix.layouts:
         tds = []
-        for capture in captures:
-            cell = cells.get((layout, capture))
-            if not cell:
+        for capture in matrix.captures:
+            cell = matrix.cells.get((layout, capture))
+            if cell is None:
                 tds.append('<td class="c-empty"></td>')
                 continue
-            squares, statuses = [], []
-            for nesting in nestings:
-                for interleave in interleaves:
-                    for r in cell.get((nesting, interleave), []) or [None]:
-                        squares.append(_square(r))
-                        if r is not None:
-                            statuses.append(status(r))
-            worst = next((s for s in SEVERITY if s in statuses), "empty")
-            grid = (f'<div class="grid" style="grid-template-rows: repeat({len(interleaves)}, 15px)">'
-                    + "".join(squares) + "</div>")
-            tds.append(f'<td class="c-{worst}"><div class="cell">{grid}'
-                       f'<div class="count">{_e(_count_text(statuses))}</div></div></td>')
+            grid = (f'<div class="grid" style="grid-template-rows: repeat({len(matrix.interleaves)}, 15px)">'
+                    + "".join(_square(s) for s in cell.squares) + "</div>")
+            tds.append(f'<td class="c-{cell.worst}"><div class="cell">{grid}'
+                       f'<div class="count">{_e(_count_text(cell.statuses))}</div></div></td>')
         rows.append(f'<tr><th class="row">{_e(layout)}</th>{"".join(tds)}</tr>')
-    return f'<table class="matrix"><caption>{_e(mode)}</caption>{head}{"".join(rows)}</table>'
+    return f'<table class="matrix"><caption>{_e(matrix.mode)}</caption>{head}{"".join(rows)}</table>'
 
 
-def _square(record: Mapping[str, Any] | None) -> str:
-    if record is None:
+def _square(square: Any) -> str:
+    if square.record is None:
         return '<span class="sq s-none" title="no such case"></span>'
-    name = status(record)
-    tip = f"{record['case_id']}: {name}"
-    what = _what(record) if name in DETAILED else ""
-    if what:
-        tip += f" ({what})"
-    if name in DETAILED:
-        return f'<a class="sq s-{_e(name)}" href="#{anchor(record)}" title="{_e(tip)}"></a>'
-    return f'<span class="sq s-{_e(name)}" title="{_e(tip)}"></span>'
+    classes = f"sq s-{_e(square.status)}" + (" v-fail" if square.failed else "")
+    if square.linked:
+        return f'<a class="{classes}" href="#{anchor(square.record)}" title="{_e(square.tip)}"></a>'
+    return f'<span class="{classes}" title="{_e(square.tip)}"></span>'
 
 
 def _count_text(statuses: list[str]) -> str:
@@ -356,59 +337,72 @@ def _count_text(statuses: list[str]) -> str:
     return " · ".join(f"{s} {statuses.count(s)}" for s in STATUSES if s in statuses)
 
 
-def _cases_section(records: Sequence[Mapping[str, Any]], labels: Mapping[str, str], multi_env: bool) -> str:
-    failing = sorted((r for r in records if status(r) in DETAILED), key=case_sort_key)
-    xfails = sum(1 for r in failing if record_verdict(r) == "xfail")
+def _cases_section(model: RunModel) -> str:
+    cases = model.failing_cases()
+    xfails = len(model.failing.get("xfail", ()))
     buttons = (' Known failures (xfail): <button type="button" onclick="setAll(\'xfail\', true)">expand all</button> '
                '<button type="button" onclick="setAll(\'xfail\', false)">collapse all</button>') if xfails else ""
-    out = [f'<section id="cases"><h2>Failing cases: {len(failing)}</h2>'
+    out = [f'<section id="cases"><h2>Failing cases: {len(cases)}</h2>'
            '<p class="muted">Unexpected failures and stale expectations first (open), then known failures '
            f"(folded).{buttons}</p>"]
-    if not failing:
+    if not cases:
         out.append("<p>None.</p>")
-    for r in failing:
-        out.append(_case_details(r, labels[env_key(r.get("env"))] if multi_env else ""))
+    out += [_case_details(case) for case in cases]
     return "".join(out) + "</section>"
 
 
-def _case_details(record: Mapping[str, Any], env_label: str) -> str:
+def _case_details(case: CaseNote) -> str:
+    record = case.record
     verdict_name = record_verdict(record)
     name = status(record)
-    where = f' <span class="muted">{_e(env_label)}</span>' if env_label else ""
+    where = f' <span class="muted">{_e(case.env)}</span>' if case.env else ""
     summary = (f"<summary>{_badge(name)} <b>{_e(record['impl'])}</b> <code>{_e(record['case_id'])}</code>{where}"
-               f' <span class="muted">{_e(_what(record))}</span></summary>')
+               f' <span class="muted">{_e(case.note)}</span></summary>')
     body = []
-    if record.get("expected_failure"):
-        issue = record.get("expected_issue") or ""
+    if verdict_line(record):
+        body.append(f'<p class="note">Verdict: {_e(verdict_line(record))}</p>')
+    expected = expectation_text(record, full=True)
+    if expected:
+        issue = text(record, "expected_issue")
         issue_html = f' (<a href="{_e(issue)}" rel="noreferrer">{_e(issue)}</a>)' if issue.startswith(("http://", "https://")) \
             else (f" ({_e(issue)})" if issue else "")
-        body.append(f"<p>Expected to fail: <i>{_e(record['expected_failure'])}</i>{issue_html}</p>")
+        body.append(f"<p>Expected to fail: <i>{_e(expected)}</i>{issue_html}</p>")
     if verdict_name == "stale":
         body.append("<p><b>It passed: the expectation is stale.</b></p>")
-    if record.get("error"):
-        body.append(f"<pre>{_e(record['error'])}</pre>")
-    if record.get("reason") and name not in ("mismatch", "xfail"):
+    if text(record, "error"):
+        body.append(f"<pre>{_e(text(record, 'error').rstrip())}</pre>")
+    tail, count = traceback_tail(record)
+    if tail and record.get("outcome") in ("error", "crash"):
+        shown = tail.count("\n") + 1
+        label = f"Traceback (last {shown} of {count} lines)" if shown < count else "Traceback"
+        body.append(f'<p class="muted">{label}:</p><pre class="tb">{_e(tail)}</pre>')
+    if text(record, "reason") and name not in ("mismatch", "xfail"):
         body.append(f"<p>Reason: {_e(record['reason'])}</p>")
-    found = mismatches(record)
-    if found:
-        limit = MAX_HTML_XFAIL_ROWS if verdict_name == "xfail" else MAX_HTML_MISMATCH_ROWS
-        shown = found[:limit]
-        with_detail = any(m.detail for m in shown)
-        rows = "".join(
-            f"<tr><td>{_e(m.oracle)}</td><td>{_e(m.subject)}</td><td>{m.iteration}</td>"
-            f"<td class=\"num\">{m.count} / {m.total}"
-            f"{f' ({100.0 * m.count / m.total:.1f}%)' if m.total else ''}</td>"
-            f"<td class=\"mono\">{_e('' if m.first_index is None else m.first_index)}</td>"
-            f"<td class=\"mono\">{_e(m.got)}</td><td class=\"mono\">{_e(m.expected)}</td>"
-            + (f"<td>{_e(m.detail)}</td>" if with_detail else "") + "</tr>"
-            for m in shown)
-        more = (f'<p class="muted">... {len(found) - limit} more in results.jsonl</p>'
-                if len(found) > limit else "")
-        body.append('<table class="mm"><tr><th>oracle</th><th>site / stream / tensor</th><th>iteration</th>'
-                    "<th>mismatched elements</th><th>first index</th><th>got</th><th>expected</th>"
-                    + ("<th>detail</th>" if with_detail else "") + f"</tr>{rows}</table>{more}")
+    body.append(_mismatch_table(record, verdict_name))
     body.append(f'<p>Rerun alone: <code class="cmd">{_e(repro_command(record))}</code></p>')
     opened = " open" if verdict_name in ("fail", "stale") else ""
     kind = verdict_name if verdict_name in ("fail", "stale", "xfail") else "fail"
     return (f'<details class="case {kind}" id="{anchor(record)}"{opened}>{summary}<div>{"".join(body)}'
             '<p><a href="#matrices">back to the matrices</a></p></div></details>')
+
+
+def _mismatch_table(record: Mapping[str, Any], verdict_name: str) -> str:
+    found = mismatches(record)
+    if not found:
+        return ""
+    limit = MAX_HTML_XFAIL_ROWS if verdict_name == "xfail" else MAX_HTML_MISMATCH_ROWS
+    shown = found[:limit]
+    with_detail = any(m.detail for m in shown)
+    rows = "".join(
+        f"<tr><td>{_e(m.oracle)}</td><td>{_e(m.subject)}</td><td>{_e(m.iteration)}</td>"
+        f"<td class=\"num\">{_e(m.count)} / {_e(m.total)}"
+        f"{f' ({100.0 * m.count / m.total:.1f}%)' if m.total else ''}</td>"
+        f"<td class=\"mono\">{_e('' if m.first_index is None else m.first_index)}</td>"
+        f"<td class=\"mono\">{_e(m.got)}</td><td class=\"mono\">{_e(m.expected)}</td>"
+        + (f"<td>{_e(m.detail)}</td>" if with_detail else "") + "</tr>"
+        for m in shown)
+    more = (f'<p class="muted">... {len(found) - limit} more in results.jsonl</p>'
+            if len(found) > limit else "")
+    return ('<table class="mm"><tr><th>oracle</th><th>site / stream / tensor</th><th>iteration</th>'
+            "<th>mismatched elements</th><th>first index</th><th>got</th><th>expected</th>"
+            + ("<th>detail</th>" if with_detail else "") + f"</tr>{rows}</table>{more}")

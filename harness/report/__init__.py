@@ -1,13 +1,18 @@
 """Results -> report directory: results.jsonl (the stable source), summary.md, report.html,
 cases.csv and mismatches.csv.
 
-The report never re-runs anything: it reads result records (the dicts of `CaseResult.to_dict`,
-annotated by `annotate`, each carrying the environment it ran in) and renders them through pandas
-(`report_frame`), markdown (`report_markdown`, tables by `DataFrame.to_markdown`) and HTML
-(`report_html`).  `write` is the one entry point every run uses (the pytest plugin's controller,
-``python -m harness run``, ``report`` and ``merge``): it renders every file before touching the
-directory, replaces the files atomically, moves the ``latest`` pointer and appends a short summary
-to ``$GITHUB_STEP_SUMMARY`` when that is set.
+The report never re-runs anything: it reads result records (the dicts of `CaseResult.to_dict` with
+the verdict the run gave them, each carrying the environment it ran in).  `model.build` turns them,
+once, into a `RunModel` (totals, counts, what needs attention, failing cases, matrices) that
+`markdown` (summary.md, the GitHub step summary) and `html` (report.html) only render; `frame`
+makes the pandas frames behind the CSVs.  `write` is the one entry point every run uses (the pytest
+plugin's controller, ``python -m harness run``, ``report`` and ``merge``): it renders every file
+before touching the directory, replaces the files atomically, moves the ``latest`` pointer and
+appends a short summary to ``$GITHUB_STEP_SUMMARY`` when that is set.
+
+Modules: `env` (the environment header), `frame` (records as DataFrames; statuses and verdicts),
+`model` (the run model), `markdown`, `html`, `merge` (merge and compare reports), `cli` (the
+``report``, ``merge`` and ``compare`` commands).
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .expectations import Expectation
-from .report_env import env_key, environment
-from .report_frame import (
+from ..expectations import Expectation
+from . import html as html_view
+from . import markdown as markdown_view
+from .env import env_key, environment
+from .frame import (
     FAILED_OUTCOMES,
+    OUTCOMES,
     STATUSES,
     VERDICTS,
     mismatches_frame,
@@ -32,21 +40,20 @@ from .report_frame import (
     repro_command,
     results_frame,
     status,
+    text,
+    text_list,
     verdict,
 )
-from .report_markdown import (
-    MAX_MISMATCH_LINES,
-    matrix_markdown,
-    step_summary_markdown,
-    summary_markdown,
-)
+from .markdown import MAX_MISMATCH_LINES, matrix_markdown
+from .model import RunModel, build
 
 __all__ = [
-    "FAILED_OUTCOMES", "MAX_MISMATCH_LINES", "REPORT_FILES", "STATUSES", "STEP_SUMMARY_LIMIT", "VERDICTS",
-    "ReportError", "annotate", "append_step_summary", "check_report_dir", "default_report_dir", "env_key",
-    "environment", "junit_properties", "matrix_markdown", "mismatches_frame", "record_key", "record_verdict",
-    "render", "repro_command", "results_frame", "status", "step_summary_markdown", "summary_markdown",
-    "unmatched_entries", "verdict", "write",
+    "FAILED_OUTCOMES", "MAX_MISMATCH_LINES", "OUTCOMES", "REPORT_FILES", "STATUSES", "STEP_SUMMARY_LIMIT",
+    "VERDICTS", "ReportError", "RunModel", "append_step_summary", "build", "check_report_dir",
+    "default_report_dir", "env_key", "environment", "expectation_problems", "junit_properties",
+    "matrix_markdown", "mismatches_frame", "record_key", "record_verdict", "render", "repro_command",
+    "results_frame", "status", "step_summary_markdown", "summary_markdown", "unmatched_entries", "verdict",
+    "write",
 ]
 
 STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub refuses a step summary over 1 MiB
@@ -57,30 +64,25 @@ class ReportError(OSError):
     """The report directory is unusable, or there is nothing to report; one line for the user."""
 
 
-def annotate(record: dict[str, Any], expectation: Expectation | None) -> dict[str, Any]:
-    """Add the expectation (reason, issue) and the verdict to a result record, in place."""
-    record["expected_failure"] = expectation.reason if expectation else ""
-    record["expected_issue"] = expectation.issue if expectation else ""
-    record["verdict"] = verdict(record["outcome"], expectation is not None)
-    return record
-
-
 def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:
     """The case's properties for pytest's ``--junitxml`` (via ``item.user_properties``): impl,
-    case id, every axis, outcome, verdict, reason or error, the mismatches (count and one line each,
-    the first 12) and the command that reruns the case alone.  Names are prefixed ``harness.``."""
-    from .cases import AXES
+    case id, every axis, outcome, verdict and its note, reason or error, the expectation, the
+    mismatches (count and one line each, the first 12) and the command that reruns the case alone.
+    Names are prefixed ``harness.``; every value is a string."""
+    from ..cases import AXES
 
     props = [("harness.impl", str(record["impl"])), ("harness.case_id", str(record["case_id"]))]
     props += [(f"harness.{axis}", str(record[axis])) for axis in AXES if axis in record]
     props += [("harness.outcome", str(record.get("outcome", ""))),
               ("harness.verdict", record_verdict(record))]
-    for name in ("reason", "error", "expected_failure", "expected_issue"):
-        if record.get(name):
-            props.append((f"harness.{name}", str(record[name])))
+    for name in ("verdict_note", "reason", "error", "expected_failure", "expected_outcome", "expected_issue"):
+        if text(record, name):
+            props.append((f"harness.{name}", text(record, name)))
+    if text_list(record, "expected_oracles"):
+        props.append(("harness.expected_oracles", ", ".join(text_list(record, "expected_oracles"))))
     found = record.get("mismatches") or []
     if found:
-        from .report_frame import mismatches
+        from .frame import mismatches
 
         lines = [m.message() for m in mismatches(record)]
         props.append(("harness.mismatch_count", str(len(lines))))
@@ -105,26 +107,69 @@ def check_report_dir(path: "str | Path") -> None:
 
 
 def unmatched_entries(expectations: Iterable[Expectation]) -> list[str]:
-    """Expectation entries that match no generated case, described in one line each."""
-    from . import expectations as expectations_mod
-    from .cases import generate
+    """Expectation entries that match no generated case, one line each ("cases match no case: ...")."""
+    from .. import expectations as expectations_mod
+    from ..cases import generate
 
-    return [e.describe() for e in expectations_mod.unmatched(list(expectations), [c.id for c in generate()])]
+    return [f"cases match no case: {e.describe()}"
+            for e in expectations_mod.unmatched(list(expectations), [c.id for c in generate()])]
+
+
+def expectation_problems(expectations: Iterable[Expectation]) -> list[str]:
+    """One line per expectation entry that can never apply: its cases match no case, or its impl
+    names no known implementation (`harness.expectations.entry_problems`, where that exists;
+    otherwise only entries that match no case)."""
+    from .. import expectations as expectations_mod
+
+    entry_problems = getattr(expectations_mod, "entry_problems", None)
+    if entry_problems is None:
+        return unmatched_entries(expectations)
+    return list(entry_problems(list(expectations)))
+
+
+def summary_markdown(records: Sequence[dict[str, Any]], env: Mapping[str, Any] | None = None, *,
+                     unmatched: Sequence[str] | None = None, interrupted: str | None = None) -> str:
+    """summary.md of `records` (see `markdown.summary`): `env` fills in records that carry none,
+    `unmatched` are the expectation-problem lines, `interrupted` a note for the banner."""
+    records = [r if r.get("env") or env is None else {**r, "env": dict(env)} for r in records]
+    return markdown_view.summary(build(records, problems=unmatched, interrupted=interrupted))
+
+
+def step_summary_markdown(source: "RunModel | Sequence[dict[str, Any]]", report_dir: str, budget: int) -> str:
+    """The GitHub step summary of a run model (or of records), at most `budget` bytes (UTF-8)."""
+    model = source if isinstance(source, RunModel) else build(source)
+    return markdown_view.step_summary(model, report_dir, budget)
 
 
 def render(records: Sequence[dict[str, Any]], *, unmatched: Sequence[str] | None = None,
-           ) -> tuple[dict[str, str], dict[str, str]]:
+           interrupted: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """Every report file as text, results.jsonl last: ({name: text}, {name: why it failed}).
 
-    results.jsonl cannot fail; a view whose renderer raises is left out and named, so a bug in a
-    view never costs the results.
+    results.jsonl cannot fail; a view whose renderer raises (or whose model cannot be built) is
+    left out and named, so a bug in a view never costs the results.
     """
-    from .report_html import render_html
+    files, failed, _ = _render(records, unmatched, interrupted)
+    return files, failed
 
+
+def _render(records: Sequence[dict[str, Any]], problems: Sequence[str] | None, interrupted: str | None,
+            ) -> tuple[dict[str, str], dict[str, str], "RunModel | None"]:
     generated = f"written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+    model: RunModel | None = None
+    model_error = ""
+    try:
+        model = build(records, problems=problems, interrupted=interrupted)
+    except Exception as exc:  # noqa: BLE001 - the views that need it are named below
+        model_error = f"{type(exc).__name__}: {exc}"
+
+    def need_model() -> RunModel:
+        if model is None:
+            raise RuntimeError(f"the run model could not be built: {model_error}")
+        return model
+
     views: dict[str, Callable[[], str]] = {
-        "summary.md": lambda: summary_markdown(list(records), unmatched=unmatched),
-        "report.html": lambda: render_html(records, unmatched=unmatched, generated=generated),
+        "summary.md": lambda: markdown_view.summary(need_model()),
+        "report.html": lambda: html_view.render_html(need_model(), generated=generated),
         "cases.csv": lambda: results_frame(list(records)).to_csv(index=False),
         "mismatches.csv": lambda: mismatches_frame(list(records)).to_csv(index=False),
     }
@@ -135,12 +180,12 @@ def render(records: Sequence[dict[str, Any]], *, unmatched: Sequence[str] | None
         except Exception as exc:  # noqa: BLE001 - reported below, results still written
             failed[name] = f"{type(exc).__name__}: {exc}"
     files["results.jsonl"] = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
-    return files, failed
+    return files, failed, model
 
 
 def write(records: Iterable[dict[str, Any]], report_dir: "str | Path", env: dict[str, Any] | None = None,
           *, expectations: Iterable[Expectation] | None = None, unmatched: Sequence[str] | None = None,
-          step_summary: bool = True) -> Path:
+          interrupted: str | None = None, step_summary: bool = True) -> Path:
     """Write the report of `records` into `report_dir` (created); return the directory.
 
     A record keeps the environment it carries (`env`), so merged reports keep each case's GPU and
@@ -148,9 +193,15 @@ def write(records: Iterable[dict[str, Any]], report_dir: "str | Path", env: dict
     rendered before the directory is touched, written to a temporary file and then moved into
     place, results.jsonl last: a crash leaves the previous report as it was.  Also points
     ``latest`` (beside a run directory under ``reports/``) at `report_dir`, and appends a short
-    summary to ``$GITHUB_STEP_SUMMARY`` when it is set and `step_summary` is true.  `expectations`
-    (the entries the run used) lists the entries that match no case; `unmatched` gives them as lines.
-    An empty run, or a directory that cannot be written, raises ReportError and writes nothing.
+    summary to ``$GITHUB_STEP_SUMMARY`` when it is set and `step_summary` is true.
+
+    `unmatched` are the expectation-problem lines shown under "Needs attention"; when it is None
+    and `expectations` (the entries the run used) is given, they are computed from those
+    (`expectation_problems`).  `interrupted` (e.g. "interrupted after 12 of 60 cases") marks an
+    interrupted run in every file: a banner atop summary.md, report.html and the step summary, the
+    key ``interrupted`` on every record of results.jsonl (so a column of cases.csv) and a column
+    of mismatches.csv.  An empty run, or a directory that cannot be written, raises ReportError
+    and writes nothing.
     """
     report_dir = Path(report_dir)
     records = [dict(r) for r in records]
@@ -160,17 +211,20 @@ def write(records: Iterable[dict[str, Any]], report_dir: "str | Path", env: dict
         env = dict(env) if env else environment()
         for record in records:
             record["env"] = record.get("env") or env
+    if interrupted:
+        for record in records:
+            record["interrupted"] = interrupted
     records.sort(key=record_key)
     if unmatched is None and expectations is not None:
-        unmatched = unmatched_entries(expectations)
-    files, failed = render(records, unmatched=unmatched)
+        unmatched = expectation_problems(expectations)
+    files, failed, model = _render(records, unmatched, interrupted)
     _prepare(report_dir)
     _commit(report_dir, files)
     for name in failed:  # an old view would contradict the new results: better none
         (report_dir / name).unlink(missing_ok=True)
     _point_latest(report_dir)
-    if step_summary:
-        append_step_summary(records, report_dir)
+    if step_summary and model is not None:
+        append_step_summary(model, report_dir)
     if failed:
         raise ReportError(f"report written to {report_dir} without {', '.join(failed)}: "
                           + "; ".join(f"{name}: {why}" for name, why in failed.items()))
@@ -228,22 +282,23 @@ def _point_latest(report_dir: Path) -> None:
         pass  # the pointer is a convenience; the run directory itself is complete
 
 
-def append_step_summary(records: Sequence[dict[str, Any]], report_dir: "str | Path",
+def append_step_summary(source: "RunModel | Sequence[dict[str, Any]]", report_dir: "str | Path",
                         path: "str | Path | None" = None) -> bool:
-    """Append a short summary to ``$GITHUB_STEP_SUMMARY`` (or `path`) so that the file stays under
-    1 MiB, details folded in <details>.  Returns whether something was appended; never raises (a
-    CI convenience must not fail the run: a problem is one line on stderr)."""
+    """Append a short summary of a run model (or of records) to ``$GITHUB_STEP_SUMMARY`` (or
+    `path`) so that the file stays under 1 MiB, details folded in <details>.  Returns whether
+    something was appended; never raises (a CI convenience must not fail the run: a problem is one
+    line on stderr)."""
     target = path or os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return False
     try:
         used = os.path.getsize(target) if os.path.exists(target) else 0
-        text = step_summary_markdown(records, str(report_dir), STEP_SUMMARY_LIMIT - used - 1)
-        if not text:
+        summary = step_summary_markdown(source, str(report_dir), STEP_SUMMARY_LIMIT - used - 1)
+        if not summary:
             print(f"harness: step summary left out: {target} is nearly 1 MiB already", file=sys.stderr)
             return False
         with open(target, "a", encoding="utf-8") as handle:
-            handle.write(text if text.endswith("\n") else text + "\n")
+            handle.write(summary if summary.endswith("\n") else summary + "\n")
         return True
     except Exception as exc:  # noqa: BLE001
         print(f"harness: cannot append the step summary to {target}: {exc}", file=sys.stderr)
