@@ -1,7 +1,9 @@
 """Command line: ``python -m harness {list,run,repro,report}`` (also installed as ``ckpt-harness``).
 
 Exit status: 0 when every case passed or failed as expected, 1 when a case failed unexpectedly
-(or an expected failure went stale), 2 for bad input (one line on stderr, no traceback).
+(or failed differently than expected, or an expected failure went stale, or bundled/torch declared
+a case unsupported), 2 for bad input (one line on stderr, no traceback), 130 when interrupted
+(Ctrl-C: the report of the cases that finished is written, marked interrupted).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any, Sequence
 from . import expectations as expectations_mod
 from . import impls, isolation, shards
 from . import report as reporting
-from . import repro_script, report_cli, timeline
-from .cases import AXES, CaseError, Case, generate, parse_case_id
-from .plugin import resolve_devices
-from .report_cli import UsageFailure  # one class for every subcommand's bad input
-from .runner import ITERATIONS, run
+from . import repro_script, timeline
+from .report import cli as report_cli
+from .cases import AXES, Capture, CaseError, Case, generate, parse_case_id
+from .execution import UsageError, check_selection, load_targets, resolve_devices, run_case
+from .report.cli import UsageFailure  # one class for every subcommand's bad input
+
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +38,22 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
                         help="run exactly this case id (repeatable); overrides the axis filters")
 
 
-def _selected_cases(args: argparse.Namespace) -> list[Case]:
+def _selected_cases(args: argparse.Namespace, runnable: bool = True) -> list[Case]:
+    """The cases the filters (or --case ids) select.  With `runnable`, what this machine cannot run
+    (cuda without a GPU, capture without cuda) is a UsageError; without, ids are only listed."""
     if args.case:
-        return [parse_case_id(case_id) for case_id in args.case]
+        cases = [parse_case_id(case_id) for case_id in args.case]
+        if runnable:
+            check_selection(cases, [c.device.value for c in cases])
+        return cases
     filters: dict[str, Any] = {axis: getattr(args, axis) for axis in AXES if axis != "device" and getattr(args, axis)}
-    filters["device"] = resolve_devices(args.device)
-    return list(generate(**filters))
+    filters["device"] = resolve_devices(args.device, require_visible=runnable)
+    cases = list(generate(**filters))
+    if not runnable:
+        return cases
+    captures = [Capture(v.strip()) for v in (args.capture or "").split(",") if v.strip() in Capture._value2member_map_]
+    check_selection(cases, filters["device"], captures)
+    return cases
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="run cases in this process (faster start; a crashing case ends the run)")
     p_run.add_argument("--case-timeout", type=float, default=isolation.DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"per-case time limit in seconds when isolated (default {isolation.DEFAULT_TIMEOUT_S:g})")
+    p_run.add_argument("--allow-unsupported", action="store_true",
+                       help="run an impl named here even when its package cannot load (every case unsupported)")
 
     p_repro = sub.add_parser("repro", help="run one case alone and explain it: mismatches and RNG timeline")
     p_repro.add_argument("case_id")
@@ -68,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="also write a standalone Python script that reproduces the case")
     p_repro.add_argument("--all-streams", action="store_true",
                          help="show every stream in the timeline, not only those that diverge")
+    p_repro.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
 
     p_bench = sub.add_parser("bench", help="measure speed and memory of one impl's default matrix")
     p_bench.add_argument("--impl", default="bundled")
@@ -81,42 +98,46 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    for case in _selected_cases(args):
+    for case in _selected_cases(args, runnable=False):
         print(case.id)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     cases = _selected_cases(args)
-    # (name to load it by, adapter): a worker process loads the impl by the name the user gave.
-    adapters = [(name, impls.load(name)) for name in impls.parse_impl_names(args.impl)]
+    targets = load_targets(args.impl, allow_unsupported=args.allow_unsupported)
     entries = expectations_mod.load(args.expectations)
     shard = shards.parse_shard(args.shard) if args.shard else None
     if args.case_timeout <= 0:
         raise UsageFailure(f"--case-timeout must be positive, got {args.case_timeout:g}")
-    target = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
-    reporting.check_report_dir(target)
-    work = [(n, a, c) for n, a in adapters for c in cases if shards.in_shard(a.name, c.id, shard)]
+    report_dir = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
+    reporting.check_report_dir(report_dir)
+    work = [(t, c) for t in targets for c in cases if shards.in_shard(t.name, c.id, shard)]
+    if not work:
+        raise UsageFailure("no case to run: the filters and --shard select nothing")
     worker = isolation.CaseWorker(args.case_timeout) if args.isolate else None
     progress = Progress(len(work), quiet=args.quiet)
-    records = []
+    records: list[dict[str, Any]] = []
+    interrupted = None
     try:
-        for load_name, adapter, case in work:
-            if worker is not None:
-                result = worker.run(case, load_name, ITERATIONS)
-                result.impl, result.impl_version = adapter.name, adapter.version
-            else:
-                result = run(case, adapter)
-            entry = expectations_mod.find(entries, adapter.name, case.id, version=adapter.version)
-            record = reporting.annotate(result.to_dict(), entry)
+        for target, case in work:
+            record = run_case(target, case, entries, worker=worker).record
             record["worker"] = "main"
             records.append(record)
             progress.update(record)
+    except KeyboardInterrupt:
+        interrupted = f"interrupted after {len(records)} of {len(work)} cases"
+        print(f"\n{interrupted}: writing the report of the finished cases", file=sys.stderr, flush=True)
     finally:
         if worker is not None:
             worker.close()
-    written = reporting.write(records, target, expectations=entries)
+    if interrupted and not records:
+        print("no case finished: no report written", file=sys.stderr)
+        return INTERRUPTED
+    written = reporting.write(records, report_dir, expectations=entries, interrupted=interrupted)
     progress.finish(written)
+    if interrupted:
+        return INTERRUPTED
     counts = Counter(r["verdict"] for r in records)
     return 1 if counts["fail"] or counts["stale"] else 0
 
@@ -154,11 +175,18 @@ class Progress:
 
 def cmd_repro(args: argparse.Namespace) -> int:
     case = parse_case_id(args.case_id)
-    adapter = impls.load(args.impl)
+    check_selection([case], [case.device.value])
+    [target] = load_targets([args.impl])
+    entries = expectations_mod.load(args.expectations)
     if args.script:
         reporting.check_report_dir(Path(args.script).resolve().parent)
-    result = run(case, adapter, timeline=True)
-    print(f"{adapter.name} {case.id}: {result.outcome.value} ({result.duration_s:.2f}s)")
+    done = run_case(target, case, entries, timeline=True)
+    result, record = done.result, done.record
+    print(f"{target.name} {case.id}: {result.outcome.value} ({result.duration_s:.2f}s); verdict {record['verdict']}")
+    if record["verdict_note"]:
+        print(record["verdict_note"])
+    elif record["expected_failure"]:
+        print(f"expected to fail: {record['expected_outcome']}: {record['expected_failure'].splitlines()[0]}")
     if result.reason:
         print(result.reason)
     if result.error:
@@ -186,13 +214,13 @@ def cmd_repro(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    adapter = impls.load(args.impl)
+    [target] = load_targets([args.impl])
     [device] = resolve_devices(args.device)[:1]
     total = args.cases if args.cases is not None else (1000 if device == "cuda" else len(list(generate(device=device))))
     if total < 1:
         raise UsageFailure(f"--cases must be at least 1, got {total}")
     reporting.check_report_dir(Path(args.json).resolve().parent)
-    figures = bench.bench(adapter, args.impl, device, total)
+    figures = bench.bench(target, device, total)
     print(bench.render(figures))
     bench.write_json(figures, args.json)
     print(f"figures: {args.json}")
@@ -210,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         sys.stderr.close()
         return 0
-    except (UsageFailure, CaseError, impls.ImplError, shards.ShardError,
+    except (UsageFailure, UsageError, CaseError, impls.ImplError, shards.ShardError,
             expectations_mod.ExpectationError, reporting.ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from . import report as reporting
 from .capture import execute
 from .cases import Case, generate
-from .runner import ITERATIONS, RunSession, checkpointing, run
+from .execution import Target, run_case
+from .runner import ITERATIONS, RunSession, checkpointing
 from .streams import preserved_global_rng
 from .workload import Tensors
 
@@ -38,6 +38,7 @@ class _BareSession(RunSession):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.record.log.record = lambda site, mask: None  # type: ignore[method-assign]
+        self.workload.watch = None  # no reference check either
 
     def collect(self, iteration: int) -> None:
         pass
@@ -73,13 +74,18 @@ def _default_matrix_wall(impl_name: str, device: str) -> float:
         return time.perf_counter() - start
 
 
-def bench(impl: Any, impl_name: str, device: str, total_cases: int) -> dict[str, Any]:
-    """Run the benchmark; returns the figures as a JSON-able dict."""
+def bench(target: Target, device: str, total_cases: int) -> dict[str, Any]:
+    """Run the benchmark; returns the figures as a JSON-able dict.  Cases run and are judged the
+    way `harness run` runs them (`execution.run_case`), expectations included."""
+    from . import expectations
+
+    impl, impl_name = target.adapter, target.name
+    entries = expectations.load()
     cases = list(generate(device=device))
     if device == "cuda":
         torch.cuda.init()
     for capture in {case.capture for case in cases}:  # first-use costs (imports, CUDA kernels) untimed
-        run(next(c for c in cases if c.capture is capture), impl)
+        run_case(target, next(c for c in cases if c.capture is capture), entries)
     per_capture: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     memory: dict[str, float | None] = {}
     done = 0
@@ -87,9 +93,9 @@ def bench(impl: Any, impl_name: str, device: str, total_cases: int) -> dict[str,
     while done < total_cases:
         for case in cases:
             start = time.perf_counter()
-            result = run(case, impl)
-            record = reporting.annotate(result.to_dict(), None)
-            json.dumps(record)  # what writing a record costs, without the file system
+            done = run_case(target, case, entries)
+            result = done.result
+            json.dumps(done.record)  # what writing a record costs, without the file system
             spent = time.perf_counter() - start
             if first_pass:
                 phases = per_capture[case.capture.value]

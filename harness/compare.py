@@ -26,7 +26,10 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
 
 def int_view(tensor: torch.Tensor) -> torch.Tensor:
     """The same bytes as an integer tensor (contiguous), so equality means equal bit patterns."""
-    tensor = tensor.detach().contiguous()
+    tensor = tensor.detach()
+    if tensor.is_quantized:  # the stored integers (int_repr), not the dequantized floats
+        return tensor.int_repr().contiguous()
+    tensor = tensor.contiguous()
     if tensor.dtype in _INT_VIEW:
         return tensor.view(_INT_VIEW[tensor.dtype])
     if tensor.is_complex():
@@ -40,7 +43,7 @@ def int_view(tensor: torch.Tensor) -> torch.Tensor:
 class Mismatch:
     """One failed oracle check: what, where, when, how many, and the first difference."""
 
-    oracle: str  # forward-mask | recompute-mask | gradient | live-stream | fresh-randomness
+    oracle: str  # forward-mask | recompute-mask | gradient | live-stream | fresh-randomness | output | identity
     subject: str  # site, tensor or stream name
     iteration: int
     count: int  # differing elements

@@ -1,8 +1,20 @@
 """Expected failures as data (cases/expectations.toml), matched by impl and case-id pattern.
 
-Each entry names an impl, one or more `fnmatch` patterns over case ids, a reason and, where one
-exists, an upstream issue.  An entry means "this cell does not pass" (mismatch or error).  A
-matched case that passes is a stale entry; an entry that matches no generated case is a warning.
+Each entry names an impl (the name the user gives on the command line, an import path
+``pkg.mod:factory`` included), one or more `fnmatch` patterns over case ids, a reason and, where one
+exists, an upstream issue.  An entry names the failure it expects:
+
+* ``outcome``: ``mismatch`` (the default), ``error``, ``crash`` or ``timeout``;
+* ``oracles`` (optional, for ``mismatch``): each of these oracles fails (one bug usually shows in
+  several oracles, and which others join in varies from cell to cell, so an entry names the ones
+  every matched cell shows: the signature of the bug);
+* ``message`` (optional, for the other outcomes): a regular expression that the error text
+  matches (``re.search``).
+
+`judge` turns a result and its entry into a verdict: the expected failure is ``xfail``; a case that
+fails differently is ``fail`` ("wrong failure: expected mismatch (live-stream), got error: ...");
+a matched case that passes is ``stale``.  An entry whose cases match no case, or whose impl names
+no known implementation, is reported (`entry_problems`).
 
 An entry may also name the impl versions it applies to, as a PEP 440 specifier set
 (``versions = ">=0.16,<0.20"``).  Such an entry matches only when the version under test is known
@@ -17,10 +29,11 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -31,6 +44,10 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "cases" / "expectations.toml"
+FAILURE_OUTCOMES = ("mismatch", "error", "crash", "timeout")
+ORACLES = ("forward-mask", "recompute-mask", "gradient", "live-stream", "fresh-randomness", "output",
+           "identity")
+ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracles", "message"}
 
 
 class ExpectationError(ValueError):
@@ -64,6 +81,25 @@ class Expectation:
     reason: str
     issue: str = ""
     versions: str = ""  # PEP 440 specifier set; empty = every version
+    outcome: str = "mismatch"  # the failure expected: mismatch, error, crash or timeout
+    oracles: tuple[str, ...] = ()  # for mismatch: each of these fails (empty: any mismatch)
+    message: str = ""  # for error / crash / timeout: a regex the error text matches
+
+    def expected(self) -> str:
+        """'mismatch (recompute-mask, gradient)' or "error matching 'TypeError'": what it expects."""
+        if self.oracles:
+            return f"{self.outcome} ({', '.join(self.oracles)})"
+        if self.message:
+            return f"{self.outcome} matching {self.message!r}"
+        return self.outcome
+
+    def explains(self, outcome: str, oracles: Iterable[str], error: str) -> bool:
+        """True when a failed case failed exactly the way this entry says."""
+        if outcome != self.outcome:
+            return False
+        if not set(self.oracles) <= set(oracles):
+            return False
+        return not self.message or re.search(self.message, error or "") is not None
 
     def matches(self, impl: str, case_id: str) -> bool:
         """Impl and case-id pattern only (the version is `applies_to`'s business)."""
@@ -78,6 +114,54 @@ class Expectation:
         return f"{self.impl}: {', '.join(self.patterns)}{where}"
 
 
+def _string_list(raw: Any, key: str, where: str) -> tuple[str, ...]:
+    values = raw if isinstance(raw, list) else [raw]
+    if not values or not all(isinstance(v, str) and v for v in values):
+        raise ExpectationError(f"{where} {key} must be a string or a list of strings")
+    return tuple(values)
+
+
+def _entry(raw: Mapping[str, Any], where: str) -> Expectation:
+    """One [[expect]] table -> `Expectation`; anything malformed is one ExpectationError line."""
+    missing = [key for key in ("impl", "cases", "reason") if key not in raw]
+    if missing:
+        raise ExpectationError(f"{where} lacks {', '.join(missing)}")
+    unknown = sorted(set(raw) - ENTRY_KEYS)
+    if unknown:
+        raise ExpectationError(f"{where} has unknown key {unknown[0]!r}; keys: {', '.join(sorted(ENTRY_KEYS))}")
+    versions = raw.get("versions", "")
+    if not isinstance(versions, str):
+        raise ExpectationError(
+            f"{where} versions must be a string such as \">=0.16,<0.20\", not {type(versions).__name__}"
+        )
+    try:
+        parse_versions(versions)
+    except ExpectationError as exc:
+        raise ExpectationError(f"{where}: {exc}") from None
+    outcome = raw.get("outcome", "mismatch")
+    if outcome not in FAILURE_OUTCOMES:
+        raise ExpectationError(f"{where} outcome {outcome!r} is not one of {', '.join(FAILURE_OUTCOMES)}")
+    oracles = _string_list(raw["oracles"], "oracles", where) if "oracles" in raw else ()
+    bad = [o for o in oracles if o not in ORACLES]
+    if bad:
+        raise ExpectationError(f"{where} names unknown oracle {bad[0]!r}; oracles: {', '.join(ORACLES)}")
+    if oracles and outcome != "mismatch":
+        raise ExpectationError(f"{where} names oracles, which only a mismatch has (outcome is {outcome!r})")
+    message = raw.get("message", "")
+    if not isinstance(message, str):
+        raise ExpectationError(f"{where} message must be a string (a regular expression)")
+    if message and outcome == "mismatch":
+        raise ExpectationError(f"{where} has a message, which a mismatch has not (use oracles)")
+    try:
+        re.compile(message)
+    except re.error as exc:
+        raise ExpectationError(f"{where} message {message!r} is not a regular expression: {exc}") from None
+    return Expectation(
+        raw["impl"], _string_list(raw["cases"], "cases", where), raw["reason"], raw.get("issue", ""),
+        versions.strip(), outcome, oracles, message,
+    )
+
+
 def load(path: "str | Path | None" = None) -> list[Expectation]:
     """Parse the expectations file; a missing default file means no expectations."""
     path = Path(path) if path else DEFAULT_PATH
@@ -89,26 +173,7 @@ def load(path: "str | Path | None" = None) -> list[Expectation]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ExpectationError(f"cannot read expectations file {path}: {exc}") from None
-    entries = []
-    for n, raw in enumerate(data.get("expect", []), start=1):
-        missing = [key for key in ("impl", "cases", "reason") if key not in raw]
-        if missing:
-            raise ExpectationError(f"{path}: entry {n} lacks {', '.join(missing)}")
-        patterns = raw["cases"] if isinstance(raw["cases"], list) else [raw["cases"]]
-        versions = raw.get("versions", "")
-        if not isinstance(versions, str):
-            raise ExpectationError(
-                f"{path}: entry {n} versions must be a string such as \">=0.16,<0.20\", "
-                f"not {type(versions).__name__}"
-            )
-        try:
-            parse_versions(versions)
-        except ExpectationError as exc:
-            raise ExpectationError(f"{path}: entry {n}: {exc}") from None
-        entries.append(Expectation(
-            raw["impl"], tuple(patterns), raw["reason"], raw.get("issue", ""), versions.strip(),
-        ))
-    return entries
+    return [_entry(raw, f"{path}: entry {n}") for n, raw in enumerate(data.get("expect", []), start=1)]
 
 
 def find(
@@ -129,3 +194,56 @@ def unmatched(entries: Iterable[Expectation], case_ids: Iterable[str]) -> list[E
     """Entries that match none of `case_ids` for their impl (dead entries to warn about)."""
     ids = list(case_ids)
     return [e for e in entries if not any(e.matches(e.impl, cid) for cid in ids)]
+
+
+def entry_problems(entries: Iterable[Expectation], known_impls: Iterable[str] | None = None,
+                   case_ids: Iterable[str] | None = None) -> list[str]:
+    """One line per entry that can never apply: its impl names no known implementation (a
+    registered name; an import path ``pkg.mod:factory`` counts as known), or its case patterns
+    match no case of the whole matrix.  Defaults: the registered impls and every generated case."""
+    from .cases import generate
+    from .impls import registered
+
+    known = set(registered() if known_impls is None else known_impls)
+    ids = [c.id for c in generate()] if case_ids is None else list(case_ids)
+    entries = list(entries)
+    lines = [f"impl matches no known implementation: {e.describe()}"
+             for e in entries if e.impl not in known and ":" not in e.impl]
+    lines += [f"cases match no case: {e.describe()}" for e in unmatched(entries, ids)]
+    return lines
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How one result counts: its verdict and, where it is not self-evident, why."""
+
+    verdict: str  # pass | fail | xfail | stale | skip
+    note: str = ""
+
+
+def judge(outcome: str, oracles: Iterable[str], error: str, entry: Expectation | None, *,
+          impl: str, must_support_all: bool = False, reason: str = "") -> Judgement:
+    """The verdict of a result (`outcome`, failing `oracles`, `error` text) under its entry.
+
+    Without an entry: pass -> pass, a failure -> fail, unsupported / skipped -> skip, except that
+    an impl that must support every valid case (`must_support_all`) fails an unsupported one.
+    With an entry: the failure it names -> xfail; any other failure -> fail ("wrong failure");
+    a pass -> stale.
+    """
+    fired = list(dict.fromkeys(oracles))
+    if outcome == "unsupported" and must_support_all:
+        return Judgement("fail", f"{impl} must support every valid case of its device, but declared "
+                                 f"this one unsupported: {reason}")
+    if outcome in ("unsupported", "skipped"):
+        return Judgement("skip")
+    if entry is None:
+        return Judgement("pass" if outcome == "pass" else "fail")
+    if outcome == "pass":
+        return Judgement("stale", f"stale: expected {entry.expected()}, but the case passed")
+    if entry.explains(outcome, fired, error):
+        return Judgement("xfail")
+    got = f"{outcome} ({', '.join(fired)})" if fired else outcome
+    first = (error or "").strip().splitlines()
+    if outcome != "mismatch" and first:
+        got += f": {first[0]}"
+    return Judgement("fail", f"wrong failure: expected {entry.expected()}, got {got}")

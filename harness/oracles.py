@@ -1,28 +1,48 @@
-"""The five oracles of a case (DESIGN section 4), applied to a reference and a checkpointed run."""
+"""The oracles of a case (DESIGN section 4), applied to a reference and a checkpointed run.
+
+forward-mask, recompute-mask, gradient, live-stream and fresh-randomness as before; output (every
+region's output and the loss equal the reference's) and identity (every stream name resolves to
+the object it resolved to before the run).  Each works on `RunRecord`s alone, so tests can feed it
+synthetic records (tests/test_oracles.py).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
 from .compare import Mismatch, any_differences, bitwise_diff
-from .streams import StreamSnapshot, compare_streams
-from .workload import FORWARD, RECOMPUTE, MaskLog
+from .expectations import ORACLES
+from .streams import StreamSnapshot, compare_streams, identity_mismatches
+from .workload import FORWARD, RECOMPUTE, DrawWatch, MaskLog
 
-ORACLES = ("forward-mask", "recompute-mask", "gradient", "live-stream", "fresh-randomness")
+__all__ = ["ORACLES", "Checks", "RunRecord", "check"]
 
 
 @dataclass
 class RunRecord:
-    """What one run (reference or checkpointed) left behind, per iteration."""
+    """What one run (reference or checkpointed) left behind, per iteration.
+
+    `log` holds masks (by site), region outputs (by region name) and the loss (``loss``);
+    `objects_before` / `objects` the state object behind each tracker stream name before the run
+    and after each iteration's backward; `watch` which streams each eager site draw advanced.
+    """
 
     log: MaskLog
     grads: dict[int, dict[str, torch.Tensor | None]] = field(default_factory=dict)
     streams: dict[int, StreamSnapshot] = field(default_factory=dict)
+    objects_before: dict[str, object] = field(default_factory=dict)
+    objects: dict[int, dict[str, object]] = field(default_factory=dict)
+    watch: DrawWatch = field(default_factory=DrawWatch)
 
     def draws(self, iteration: int, site: str, phase: str) -> list[torch.Tensor]:
         return self.log.masks.get((iteration, site, phase), [])
+
+    def names(self, iteration: int, phase: str) -> list[str]:
+        """Every name with something recorded in `iteration` and `phase`, in first-seen order."""
+        return [name for (it, name, ph) in self.log.masks if it == iteration and ph == phase]
 
 
 class Checks:
@@ -67,15 +87,32 @@ def _count_mismatch(oracle: str, site: str, it: int, got: int, expected: int, wh
     return Mismatch(oracle, site, it, 0, 0, detail=f"{got} {what}, expected {expected}")
 
 
-def forward_masks(ref: RunRecord, ck: RunRecord, sites: list[str], it: int, checks: Checks) -> None:
-    """Oracle 1: each site's checkpointed forward mask equals the reference's."""
-    for site in sites:
-        got, expected = ck.draws(it, site, FORWARD), ref.draws(it, site, FORWARD)
+def _same_records(oracle: str, ref: RunRecord, ck: RunRecord, names: list[str], it: int,
+                  checks: Checks, what: str) -> None:
+    """For each name, the checkpointed run's forward records equal the reference's: the same
+    count (a missing or an extra name is a count of 0), then bit for bit, in order."""
+    for name in names:
+        got, expected = ck.draws(it, name, FORWARD), ref.draws(it, name, FORWARD)
         if len(got) != len(expected):
-            checks.add(_count_mismatch("forward-mask", site, it, len(got), len(expected), "forward draws"))
+            checks.add(_count_mismatch(oracle, name, it, len(got), len(expected), what))
             continue
         for g, e in zip(got, expected):
-            checks.compare(g, e, "forward-mask", site, it)
+            checks.compare(g, e, oracle, name, it)
+
+
+def forward_masks(ref: RunRecord, ck: RunRecord, sites: list[str], it: int, checks: Checks,
+                  output_names: Sequence[str] = ()) -> None:
+    """Oracle 1: each site's checkpointed forward mask equals the reference's.  Every recorded
+    name that is not an output counts as a site, so a site drawn in only one of the runs (missing,
+    or extra) is a count mismatch."""
+    recorded = [*sites, *ref.names(it, FORWARD), *ck.names(it, FORWARD)]
+    names = [n for n in dict.fromkeys(recorded) if n not in output_names]
+    _same_records("forward-mask", ref, ck, names, it, checks, "forward draws")
+
+
+def outputs(ref: RunRecord, ck: RunRecord, names: list[str], it: int, checks: Checks) -> None:
+    """Oracle 6: every region's output (as its caller got it) and the loss equal the reference's."""
+    _same_records("output", ref, ck, names, it, checks, "outputs")
 
 
 def recompute_masks(ck: RunRecord, sites: list[str], it: int, checks: Checks) -> None:
@@ -93,9 +130,15 @@ def recompute_masks(ck: RunRecord, sites: list[str], it: int, checks: Checks) ->
 
 
 def gradients(ref: RunRecord, ck: RunRecord, it: int, checks: Checks) -> None:
-    """Oracle 3: input and parameter gradients equal the reference's, bit for bit."""
-    for name, expected in ref.grads[it].items():
-        got = ck.grads[it].get(name)
+    """Oracle 3: input and parameter gradients equal the reference's, bit for bit; the two runs
+    have the same gradient names (key sets compared, as `assert_close` does for mappings)."""
+    got_grads, expected_grads = ck.grads.get(it, {}), ref.grads.get(it, {})
+    for name in [*expected_grads, *(k for k in got_grads if k not in expected_grads)]:
+        if name not in got_grads or name not in expected_grads:
+            where = "checkpointed run" if name not in got_grads else "reference run"
+            checks.add(Mismatch("gradient", name, it, 0, 0, detail=f"no such gradient in the {where}"))
+            continue
+        got, expected = got_grads[name], expected_grads[name]
         if expected is None or got is None:
             if (got is None) != (expected is None):
                 missing = "checkpointed run" if got is None else "reference run"
@@ -106,7 +149,12 @@ def gradients(ref: RunRecord, ck: RunRecord, it: int, checks: Checks) -> None:
 
 def live_streams(ref: RunRecord, ck: RunRecord, it: int, checks: Checks) -> None:
     """Oracle 4: after backward every live stream (and alias) equals the reference's."""
-    for mismatch in compare_streams(ck.streams[it], ref.streams[it], it):  # small CPU tensors
+    got, expected = ck.streams.get(it), ref.streams.get(it)
+    if got is None or expected is None:
+        where = "checkpointed run" if got is None else "reference run"
+        checks.add(Mismatch("live-stream", "every stream", it, 0, 0, detail=f"no snapshot in the {where}"))
+        return
+    for mismatch in compare_streams(got, expected, it):  # small CPU tensors
         checks.add(mismatch)
 
 
@@ -122,13 +170,23 @@ def fresh_randomness(ck: RunRecord, sites: list[str], iterations: int, checks: C
                 ))
 
 
-def check(ref: RunRecord, ck: RunRecord, sites: list[str], iterations: int) -> list[Mismatch]:
-    """Every oracle over every iteration, in oracle order within each iteration."""
+def identity(ck: RunRecord, it: int, checks: Checks) -> None:
+    """Oracle 7: after backward every tracker stream name resolves to its object from before the run."""
+    for mismatch in identity_mismatches(ck.objects_before, ck.objects.get(it, {}), it):
+        checks.add(mismatch)
+
+
+def check(ref: RunRecord, ck: RunRecord, sites: list[str], iterations: int,
+          output_names: list[str] | None = None) -> list[Mismatch]:
+    """Every oracle over every iteration, in oracle order within each iteration.  `output_names`
+    are the region and loss names the output oracle compares (default: none)."""
     checks = Checks()
     for it in range(iterations):
-        forward_masks(ref, ck, sites, it, checks)
+        forward_masks(ref, ck, sites, it, checks, output_names or [])
         recompute_masks(ck, sites, it, checks)
         gradients(ref, ck, it, checks)
         live_streams(ref, ck, it, checks)
+        outputs(ref, ck, output_names or [], it, checks)
+        identity(ck, it, checks)
     fresh_randomness(ck, sites, iterations, checks)
     return checks.resolve()

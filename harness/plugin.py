@@ -1,10 +1,14 @@
-"""The pytest plugin: options, the case matrix, expectations as strict xfail, and the report.
+"""The pytest plugin: options, the case matrix, verdicts, and the report.
 
 Loaded by the repository's conftest.py.  Test functions that take the `harness_case` fixture are
-parametrized over (impl x case); each runs `runner.run` and maps the outcome to pytest:
-pass -> passed; mismatch and error -> failed with the mismatch lines; unsupported and skipped ->
-skipped with the reason.  The result record rides on `item.user_properties`, which pytest-xdist
-ships from workers to the controller, so the controller alone writes one report for the run.
+parametrized over (impl x case), each marked with its axis values (``-m "tracked and nested"``
+selects exactly those cells).  Each runs the case through `execution.run_case`, the function the
+command line uses too, and maps the verdict to pytest: pass -> passed; xfail (failed exactly as
+the expectations file says) -> xfailed; fail (unexpected, or a wrong failure, or an unsupported
+cell of an impl that must support everything) and stale -> failed, with the reason and a rerun
+line; skip -> skipped with the reason.  The result record rides on `item.user_properties`, which
+pytest-xdist ships from workers to the controller, so the controller alone writes one report for
+the run (also after Ctrl-C: marked interrupted, exit status 130).
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import pytest
 from . import expectations as expectations_mod
 from . import gpus, impls, isolation, shards
 from . import report as reporting
-from .cases import CaseError, Case, generate
-from .runner import ITERATIONS, Outcome, run
+from .cases import AXES, CaseError, Case, generate, parse_case_id
+from .execution import Target, UsageError, load_targets, resolve_devices, run_case
 
 RESULT_PROPERTY = "harness_result"
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+AXIS_MARKERS = tuple(dict.fromkeys(value.value for enum_type in AXES.values() for value in enum_type))
 
 
 @dataclass(frozen=True)
@@ -56,31 +62,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "sticky CUDA error becomes a crash/timeout result and the run goes on")
     group.addoption("--case-timeout", type=float, default=None, metavar="S",
                     help="per-case time limit in seconds (implies --isolate)")
-
-
-def resolve_devices(value: str) -> list[str]:
-    """Turn the --device option into device type names; 'auto' picks cuda when available."""
-    import torch
-
-    names = [v.strip().lower() for v in value.split(",") if v.strip()]
-    out: list[str] = []
-    for name in names or ["auto"]:
-        if name == "auto":
-            name = "cuda" if torch.cuda.is_available() else "cpu"
-        if name not in ("cpu", "cuda"):
-            raise CaseError(f"unknown device {name!r}; valid values: auto, cpu, cuda")
-        if name not in out:
-            out.append(name)
-    return out
+    group.addoption("--allow-unsupported", action="store_true", default=False,
+                    help="run an impl named by --impl even when its package cannot load (every case unsupported)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:  # an xdist worker: take a GPU of its own before any CUDA call
         config._harness_gpu = gpus.pin_worker(workerinput["workerid"], workerinput["testrunuid"])  # type: ignore[attr-defined]
+    for marker in AXIS_MARKERS:
+        config.addinivalue_line("markers", f"{marker}: harness cases whose id has the axis value {marker!r}")
     try:
-        names = impls.parse_impl_names(config.getoption("impl"))
-        config._harness_impls = {name: impls.load(name) for name in names}  # type: ignore[attr-defined]
+        targets = load_targets(config.getoption("impl"), allow_unsupported=config.getoption("allow_unsupported"))
+        config._harness_impls = {t.name: t for t in targets}  # type: ignore[attr-defined]
         config._harness_devices = resolve_devices(config.getoption("device"))  # type: ignore[attr-defined]
         entries = expectations_mod.load(config.getoption("expectations"))
         shard = config.getoption("shard")
@@ -90,16 +84,14 @@ def pytest_configure(config: pytest.Config) -> None:
         timeout = config.getoption("case_timeout")
         if timeout is not None and timeout <= 0:
             raise CaseError(f"--case-timeout must be positive, got {timeout:g}")
-    except (impls.ImplError, CaseError, expectations_mod.ExpectationError, shards.ShardError,
+    except (impls.ImplError, UsageError, CaseError, expectations_mod.ExpectationError, shards.ShardError,
             reporting.ReportError) as exc:
         pytest.exit(f"error: {exc}", returncode=2)
     config._harness_expectations = entries  # type: ignore[attr-defined]
     config.pluginmanager.register(ReportCollector(config), "harness-report")
-    all_ids = [case.id for case in generate()]
-    for entry in expectations_mod.unmatched(entries, all_ids):
-        config.issue_config_time_warning(
-            pytest.PytestWarning(f"expectation matches no case: {entry.describe()}"), stacklevel=2
-        )
+    if workerinput is None:
+        for line in expectations_mod.entry_problems(entries):
+            config.issue_config_time_warning(pytest.PytestWarning(f"expectations: {line}"), stacklevel=2)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -112,9 +104,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             if not shards.in_shard(impl_name, case.id, config._harness_shard):  # type: ignore[attr-defined]
                 continue
             param = HarnessCase(impl_name, case)
-            entry = expectations_mod.find(config._harness_expectations, impl_name, case.id,  # type: ignore[attr-defined]
-                                          version=config._harness_impls[impl_name].version)  # type: ignore[attr-defined]
-            marks = [pytest.mark.xfail(strict=True, reason=entry.reason)] if entry else []
+            marks = [getattr(pytest.mark, value) for value in case.axis_values().values()]
             params.append(pytest.param(param, id=param.id, marks=marks))
     metafunc.parametrize("harness_case", params)
 
@@ -123,29 +113,28 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def harness_run(request: pytest.FixtureRequest):
     """Run a `HarnessCase`, attach its record to the test, and map the outcome to pytest."""
 
-    def run_case(param: HarnessCase) -> None:
+    def run_one(param: HarnessCase) -> None:
         config = request.config
-        adapter = config._harness_impls[param.impl]  # type: ignore[attr-defined]
-        worker = _case_worker(config)
-        if worker is None:
-            result = run(param.case, adapter)
-        else:
-            result = worker.run(param.case, param.impl, ITERATIONS)
-            result.impl, result.impl_version = adapter.name, adapter.version
-        entry = expectations_mod.find(config._harness_expectations, param.impl, param.case.id,  # type: ignore[attr-defined]
-                                      version=adapter.version)
-        record = reporting.annotate(result.to_dict(), entry)
+        target: Target = config._harness_impls[param.impl]  # type: ignore[attr-defined]
+        done = run_case(target, param.case, config._harness_expectations,  # type: ignore[attr-defined]
+                        worker=_case_worker(config))
+        record = done.record
         record["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")
         record["gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""
         request.node.user_properties.append((RESULT_PROPERTY, json.dumps(record)))
         request.node.user_properties.extend(reporting.junit_properties(record))  # for --junitxml
-        if result.outcome in (Outcome.UNSUPPORTED, Outcome.SKIPPED):
-            pytest.skip(f"{result.outcome.value}: {result.reason}")
-        if result.outcome in (Outcome.MISMATCH, Outcome.ERROR, Outcome.CRASH, Outcome.TIMEOUT):
-            head = f"{param.impl} {param.case.id}: {result.outcome.value}"
-            pytest.fail(f"{head}\n{result.summary()}", pytrace=False)
+        verdict, outcome = record["verdict"], record["outcome"]
+        if verdict == "skip":
+            pytest.skip(f"{outcome}: {done.result.reason}")
+        if verdict == "xfail":
+            pytest.xfail(f"{record['expected_outcome']}: {record['expected_failure'].splitlines()[0]}")
+        if verdict in ("fail", "stale"):
+            lines = [f"{param.impl} {param.case.id}: {outcome} ({verdict})"]
+            lines += [record["verdict_note"]] if record["verdict_note"] else []
+            lines += [done.result.summary(), f"rerun: {reporting.repro_command(record)}"]
+            pytest.fail("\n".join(line for line in lines if line), pytrace=False)
 
-    return run_case
+    return run_one
 
 
 def _case_worker(config: pytest.Config) -> isolation.CaseWorker | None:
@@ -166,6 +155,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         worker.close()
 
 
+def _harness_ids(ids: list[str]) -> int:
+    """How many of the node ids are harness cases ('...[<impl>-<case id>]')."""
+    count = 0
+    for node_id in ids:
+        param = node_id.rpartition("[")[2].rstrip("]")
+        try:
+            parse_case_id("-".join(param.split("-")[-len(AXES):]))
+        except CaseError:
+            continue
+        count += 1
+    return count
+
+
 class ReportCollector:
     """Collects result records where the report is written (the xdist controller or a lone run)."""
 
@@ -173,6 +175,14 @@ class ReportCollector:
         self.config = config
         self.records: dict[tuple[str, str], dict[str, Any]] = {}
         self.line = ""
+        self.expected = 0  # harness cases collected: the n of "interrupted after k of n"
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.expected = _harness_ids([item.nodeid for item in items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.expected = max(self.expected, _harness_ids(ids))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for name, value in report.user_properties:
@@ -182,18 +192,26 @@ class ReportCollector:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if hasattr(self.config, "workerinput") or not self.records:
+        if hasattr(self.config, "workerinput"):
             return  # xdist workers ship records to the controller, which writes the report
+        interrupted = None
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+            interrupted = f"interrupted after {len(self.records)} of {max(self.expected, len(self.records))} cases"
+            session.exitstatus = INTERRUPTED
+        if not self.records:
+            self.line = f"harness: {interrupted}: no report written" if interrupted else ""
+            return
         option = self.config.getoption("report_dir")
         target = Path(option) if option else reporting.default_report_dir(self.config.rootpath / "reports")
         try:
-            written = reporting.write(list(self.records.values()), target,
+            written = reporting.write(list(self.records.values()), target, interrupted=interrupted,
                                       expectations=self.config._harness_expectations)  # type: ignore[attr-defined]
         except reporting.ReportError as exc:
             self.line = f"harness report NOT written: {exc}"
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
             return
-        self.line = f"harness report: {written} ({len(self.records)} cases)"
+        what = f", {interrupted}" if interrupted else ""
+        self.line = f"harness report: {written} ({len(self.records)} cases{what})"
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.line:

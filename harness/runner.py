@@ -14,7 +14,8 @@ from .capture import execute
 from .cases import Case, Device, Interleave, Layout, Mode, parse_case_id
 from .compare import Mismatch
 from .oracles import RunRecord, check
-from .streams import preserved_global_rng, snapshot_streams
+from .reference import check_reference
+from .streams import preserved_global_rng, snapshot_streams, stream_objects
 from .workload import (
     FORWARD,
     seed_all,
@@ -122,6 +123,11 @@ class NoTracker(Exception):
     """The impl has no tracker, and the case's layout needs one: the case is unsupported."""
 
 
+class AdapterFault(RuntimeError):
+    """An adapter broke its contract (returned the wrong thing, raised in `supports`); one line
+    naming the adapter and what it did."""
+
+
 class RunSession:
     """One run (reference or checkpointed) of a case, as the executors in `capture` drive it."""
 
@@ -143,9 +149,10 @@ class RunSession:
             make_tracker_streams(self.tracker, case.layout)
         self.initial_tracker_states = self.tracker.get_states() if self.tracker is not None else {}
         self.x, self.weights = tensors.fresh_leaves()
-        self.record = RunRecord(MaskLog())
+        self.record = RunRecord(MaskLog(), objects_before=stream_objects(self.tracker))
         checkpoint = checkpoint_with(self.tracker) if checkpoint_with else None
-        self.workload = Workload(case, device, self.tracker, self.weights, checkpoint, self.record.log)
+        watch = self.record.watch if checkpoint is None else None  # the reference is checked
+        self.workload = Workload(case, device, self.tracker, self.weights, checkpoint, self.record.log, watch)
 
     def reseed(self) -> None:
         """Put every stream back to the run's initial state, in place (graph registrations hold)."""
@@ -190,71 +197,128 @@ class RunSession:
             k: (None if g is None else g.detach().clone()) for k, g in grads.items()
         }
         self.record.streams[iteration] = snapshot_streams(self.tracker)
+        self.record.objects[iteration] = stream_objects(self.tracker)
         if self.workload.events is not None:
             self.workload.events.append((iteration, "after backward", self.record.streams[iteration].states))
 
 
-def _execute(case: Case, iterations: int, timeline: list | None, *args: Any) -> tuple[RunRecord, list[str]]:
+def _execute(case: Case, iterations: int, timeline: list | None, *args: Any) -> tuple[RunRecord, Workload]:
     session = RunSession(case, *args)
     session.workload.events = timeline
     execute(case.capture, session, iterations)
-    return session.record, session.workload.checkpointed_sites()
+    return session.record, session.workload
 
 
-def checkpointing(impl: Any, case: Case) -> Callable[[Any], Callable[..., Any]]:
-    """tracker -> a ``checkpoint(fn, *args)`` that runs `impl` in `case`'s mode with that tracker."""
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def checked_output(name: str, out: Any, like: torch.Tensor) -> Any:
+    """`out` when it is what the region returns (a tensor like its input: the regions here keep
+    shape, dtype and device); else `AdapterFault` naming the adapter and what it returned."""
+    if not (isinstance(out, torch.Tensor) and out.shape == like.shape and out.dtype == like.dtype
+            and out.device == like.device):
+        raise AdapterFault(f"adapter {name!r}: checkpoint returned {_describe(out)}, expected "
+                           f"{_describe(like)} (what the region returns)")
+    return out
+
+
+def checkpointing(impl: Any, case: Case, name: str | None = None) -> Callable[[Any], Callable[..., Any]]:
+    """tracker -> a ``checkpoint(fn, *args)`` that runs `impl` in `case`'s mode with that tracker
+    and checks that what it returns is what a region returns (`checked_output`)."""
     reentrant = case.mode is Mode.REENTRANT
+    label = name or getattr(impl, "name", "?")
 
     def checkpoint_with(tracker: Any) -> Callable[..., Any]:
-        return lambda fn, *args: impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+        return lambda fn, *args: checked_output(
+            label, impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker), args[0])
 
     return checkpoint_with
 
 
-def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = False) -> CaseResult:
+def _declared_unsupported(impl: Any, name: str, case: Case) -> str | None:
+    """The impl's `supports(case)`; one that raises or answers with a non-string is a fault."""
+    supports = getattr(impl, "supports", None)
+    if supports is None:
+        return None
+    try:
+        answer = supports(case)
+    except (Exception, SystemExit) as exc:
+        raise AdapterFault(f"adapter {name!r}: supports() raised {type(exc).__name__}: {exc}".strip()) from None
+    if answer is not None and not isinstance(answer, str):
+        raise AdapterFault(f"adapter {name!r}: supports() returned {_describe(answer)}, expected None or "
+                           "a reason string")
+    return answer or None
+
+
+def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = False,
+        name: str | None = None) -> CaseResult:
     """Run `case` under `impl` against a non-checkpointed reference; never raises for impl faults.
 
     The reference and the checkpointed run start from identical RNG states and use the impl's own
-    tracker, so the only difference between them is the checkpoint.  Every global generator is put
-    back as it was afterwards, so cases do not depend on each other.  With `timeline`, the state
-    of every stream at each region entry and exit, after the interleaved draws and after backward
-    is kept in ``result.timelines`` (for `repro`; not part of the record).
+    tracker, so the only difference between them is the checkpoint.  The reference is checked
+    before it is trusted (`reference.check_reference`): a reference that did not draw as the case
+    says is an error naming the adapter.  Every global generator is put back as it was
+    afterwards, so cases do not depend on each other.  `name` is the impl as the user named it
+    (default: the adapter's own name); it is the result's `impl`.  With `timeline`, the state of
+    every stream at each region entry and exit, after the interleaved draws and after backward is
+    kept in ``result.timelines`` (for `repro`; not part of the record).  An adapter that raises
+    anything (SystemExit included; KeyboardInterrupt excepted) gives an `error` result.
     """
     start = time.perf_counter()
-    version = getattr(impl, "version", None)
-    result = CaseResult(case, impl.name, Outcome.PASS, impl_version=version, iterations=iterations)
-    skip = environment_skip(case)
-    unsupported = None if skip else (getattr(impl, "supports", lambda c: None)(case))
-    if skip or unsupported:
-        result.outcome = Outcome.SKIPPED if skip else Outcome.UNSUPPORTED
-        result.reason = skip or unsupported or ""
-        result.duration_s = time.perf_counter() - start
-        return result
+    name = name or getattr(impl, "name", "?")
+    try:
+        version = getattr(impl, "version", None)
+    except (Exception, SystemExit) as exc:
+        version = None
+        failure: BaseException | None = exc
+    else:
+        failure = None
+    result = CaseResult(case, name, Outcome.PASS, impl_version=version, iterations=iterations)
+    try:
+        if failure is not None:
+            raise AdapterFault(f"adapter {name!r}: version raised {type(failure).__name__}: {failure}")
+        skip = environment_skip(case)
+        unsupported = None if skip else _declared_unsupported(impl, name, case)
+        if skip or unsupported:
+            result.outcome = Outcome.SKIPPED if skip else Outcome.UNSUPPORTED
+            result.reason = skip or unsupported or ""
+            result.duration_s = time.perf_counter() - start
+            return result
+        _run_both(case, impl, name, iterations, timeline, result)
+    except NoTracker as exc:
+        result.outcome, result.reason = Outcome.UNSUPPORTED, str(exc)
+    except (Exception, SystemExit) as exc:  # an impl that raises is a result, not a harness crash
+        result.outcome = Outcome.ERROR
+        result.error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        result.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
+    result.duration_s = time.perf_counter() - start
+    return result
+
+
+def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool, result: CaseResult) -> None:
+    """The reference run, its check, the checkpointed run and the oracles, into `result`."""
     device = torch.device(case.device.value)
     if device.type == "cuda":
         torch.cuda.init()  # before the RNG inventory, so CUDA generators are part of it
-    checkpoint_with = checkpointing(impl, case)
+    checkpoint_with = checkpointing(impl, case, name)
     clock = _Clock(result.timings)
-    try:
-        with preserved_global_rng():
-            tensors = Tensors.make(case, device)
-            make_tracker = getattr(impl, "make_tracker", None)
-            timelines = result.timelines = {"reference": [], "checkpointed": []} if timeline else {}
-            clock.lap("setup")
-            reference, sites = _execute(case, iterations, timelines.get("reference"), device, tensors,
-                                        make_tracker, None)
-            clock.lap("reference")
-            checkpointed, _ = _execute(case, iterations, timelines.get("checkpointed"), device, tensors,
-                                       make_tracker, checkpoint_with)
-            clock.lap("checkpointed")
-        result.mismatches = check(reference, checkpointed, sites, iterations)
-        result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
-        clock.lap("compare")
-    except NoTracker as exc:
-        result.outcome, result.reason = Outcome.UNSUPPORTED, str(exc)
-    except Exception as exc:  # an impl that raises is a result, not a harness crash
-        result.outcome = Outcome.ERROR
-        result.error = f"{type(exc).__name__}: {exc}".strip()
-        result.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
-    result.duration_s = time.perf_counter() - start
-    return result
+    with preserved_global_rng():
+        tensors = Tensors.make(case, device)
+        make_tracker = getattr(impl, "make_tracker", None)
+        timelines = result.timelines = {"reference": [], "checkpointed": []} if timeline else {}
+        clock.lap("setup")
+        reference, workload = _execute(case, iterations, timelines.get("reference"), device, tensors,
+                                       make_tracker, None)
+        check_reference(reference, workload.site_streams(), iterations, str(device), name)
+        clock.lap("reference")
+        checkpointed, _ = _execute(case, iterations, timelines.get("checkpointed"), device, tensors,
+                                   make_tracker, checkpoint_with)
+        clock.lap("checkpointed")
+    result.mismatches = check(reference, checkpointed, workload.checkpointed_sites(), iterations,
+                              workload.output_names())
+    result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
+    clock.lap("compare")

@@ -39,14 +39,43 @@ def _device_name(gen: torch.Generator) -> str:
     return device.type
 
 
+def stream_objects(tracker: Any) -> dict[str, Any]:
+    """``tracker:NAME`` -> the state object behind each tracker name (for trackers that expose
+    `generator(name)`; empty otherwise).  The dict holds the objects, so their identities stay
+    meaningful for as long as it lives."""
+    if tracker is None or not hasattr(tracker, "generator"):
+        return {}
+    return {f"tracker:{name}": tracker.generator(name) for name in tracker.names()}
+
+
 def alias_groups(tracker: Any) -> tuple[tuple[str, ...], ...]:
     """Groups of tracker names that share one state object (only groups of two or more)."""
-    if tracker is None or not hasattr(tracker, "generator"):
-        return ()
-    groups: dict[int, list[str]] = {}
-    for name in tracker.names():
-        groups.setdefault(id(tracker.generator(name)), []).append(name)
-    return tuple(sorted(tuple(names) for names in groups.values() if len(names) > 1))
+    objects = stream_objects(tracker)  # held while grouping: `is` on live objects, never a stale id()
+    groups: list[tuple[Any, list[str]]] = []
+    for key, obj in objects.items():
+        name = key.removeprefix("tracker:")
+        group = next((names for held, names in groups if held is obj), None)
+        if group is None:
+            groups.append((obj, [name]))
+        else:
+            group.append(name)
+    return tuple(sorted(tuple(names) for _, names in groups if len(names) > 1))
+
+
+def identity_mismatches(before: dict[str, Any], after: dict[str, Any], iteration: int) -> list[Mismatch]:
+    """Oracle 7: every stream name still resolves to the very object it resolved to before the run
+    (live objects are rewound in place: graph registrations and other holders keep the object)."""
+    out = []
+    for name, obj in before.items():
+        if name not in after:
+            out.append(Mismatch("identity", name, iteration, 1, 1, detail="the name no longer resolves"))
+        elif after[name] is not obj:
+            out.append(Mismatch(
+                "identity", name, iteration, 1, 1,
+                detail="resolves to another generator object than before the run (replaced, not "
+                       "rewound in place)",
+            ))
+    return out
 
 
 def snapshot_streams(tracker: Any) -> StreamSnapshot:
@@ -79,9 +108,7 @@ def compare_streams(got: StreamSnapshot, expected: StreamSnapshot, iteration: in
             oracle="live-stream", subject=name, iteration=iteration,
         )
         if diff is not None:
-            if got.states[name].numel() == 16:
-                diff = _annotate_philox(diff)
-            out.append(diff)
+            out.append(_decoded(diff, got.states[name], expected.states[name]))
     if got.alias_groups != expected.alias_groups:
         out.append(Mismatch(
             "live-stream", "tracker aliases", iteration, 1, 1,
@@ -90,11 +117,35 @@ def compare_streams(got: StreamSnapshot, expected: StreamSnapshot, iteration: in
     return out
 
 
-def _annotate_philox(diff: Mismatch) -> Mismatch:
-    part = {0: "seed", 1: "offset"}.get(diff.first_index)  # type: ignore[arg-type]
-    if part is None:
+def describe_state(state: torch.Tensor) -> str | None:
+    """A generator state decoded for people: 'seed 2718, offset 16' for a CUDA Philox state (16
+    bytes: seed, offset), 'seed 1234, position 622' for a CPU mt19937 state (its initial seed and
+    the count of words left before the next refill); None for anything else."""
+    flat = state.reshape(-1)
+    if flat.dtype != torch.uint8:
+        return None
+    if flat.numel() == 16:
+        seed, offset = flat.view(torch.int64).tolist()
+        return f"seed {seed}, offset {offset}"
+    if flat.numel() == 5056:  # CPUGeneratorImplState: initial seed (u64), left (i32), ...
+        seed = int(flat[:8].view(torch.int64).item())
+        left = int(flat[8:12].view(torch.int32).item())
+        return f"seed {seed}, position {left}"
+    return None
+
+
+def _decoded(diff: Mismatch, got: torch.Tensor, expected: torch.Tensor) -> Mismatch:
+    """Show both states decoded (seed, offset) where they can be, instead of one raw element."""
+    got_text, expected_text = describe_state(got), describe_state(expected)
+    if got_text is None or expected_text is None:
         return diff
-    return Mismatch(**{**diff.__dict__, "detail": f"index {diff.first_index} is the Philox {part}"})
+    if got_text == expected_text:  # same seed and position, other words: the raw element says more
+        return Mismatch(**{**diff.__dict__, "detail": f"mt19937 words differ; both at {got_text}"})
+    detail = ""
+    if got.numel() == 16:
+        part = {0: "seed", 1: "offset"}.get(diff.first_index)  # type: ignore[arg-type]
+        detail = f"the Philox {part} differs" if part else ""
+    return Mismatch(**{**diff.__dict__, "got": got_text, "expected": expected_text, "detail": detail})
 
 
 @contextlib.contextmanager

@@ -1,10 +1,15 @@
 """The model under test: regions and dropout sites laid out from a `Case`.
 
 Each site multiplies by its own weight and draws a dropout mask with `torch.native_dropout`, which
-returns the mask it drew; the mask is recorded under (iteration, site, phase).  Which stream a site
-draws from follows the case's layout; how regions contain sites and each other follows its nesting.
-The same `Workload` runs the reference (no checkpoint) and the checkpointed run, so the two differ
-only in the checkpoint function passed in.
+returns the mask it drew; the mask is recorded under (iteration, site, phase).  What each region
+call returns (its output, as the caller sees it) is recorded the same way under the region's name,
+and the loss under ``loss``.  Which stream a site draws from follows the case's layout; how regions
+contain sites and each other follows its nesting.  The same `Workload` runs the reference (no
+checkpoint) and the checkpointed run, so the two differ only in the checkpoint function passed in.
+
+With `watch` (the reference run), every eager site draw also reports which streams it advanced to
+a `DrawWatch`, so the harness can check that the reference drew from the streams the layout says
+before it trusts it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, Callable, Union
 import torch
 
 from .cases import Case, Interleave, Layout, Nesting
+from .checkpoint.generators import default_generator
 
 SHAPE = (64, 64)  # 4096 elements per mask and per gradient
 DROPOUT_P = 0.5
@@ -26,6 +32,7 @@ STREAM_SEEDS = {TRACKED_STREAM: 2718, SHARED_STREAMS[0]: 3141}
 INTERLEAVE_NUMEL = 1000  # per live stream, between forward and backward
 
 FORWARD, RECOMPUTE = "forward", "recompute"
+LOSS = "loss"  # the MaskLog name of the loss; region outputs go under the region's name
 WARMUP, CAPTURE = -1, -2  # MaskLog iterations of the eager warm-up and of the capture itself
 
 CheckpointFn = Callable[..., Any]  # checkpoint(fn, *args) -> fn(*args), checkpointed
@@ -154,6 +161,21 @@ class MaskLog:
             self.masks[(iteration, site, phase)] = [b.clone() for b in buffers]
 
 
+@dataclass
+class DrawWatch:
+    """Per site, for each eager draw: (advanced the device's default generator, advanced the
+    site's tracker stream).  Filled by a watched `Workload`; read by `reference.check_reference`."""
+
+    seen: dict[str, list[tuple[bool, bool]]] = field(default_factory=dict)
+
+    def add(self, site: str, default_moved: bool, stream_moved: bool) -> None:
+        self.seen.setdefault(site, []).append((default_moved, stream_moved))
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class Workload:
     """Builds the forward of one case around a checkpoint function (or none, for the reference)."""
 
@@ -165,9 +187,11 @@ class Workload:
         weights: dict[str, torch.Tensor],
         checkpoint: CheckpointFn | None,
         log: MaskLog,
+        watch: DrawWatch | None = None,
     ) -> None:
         self.case, self.device, self.tracker = case, device, tracker
         self.weights, self.checkpoint, self.log = weights, checkpoint, log
+        self.watch = watch
         self.regions = plan(case)
         self.events: list[tuple[int, str, dict[str, torch.Tensor]]] | None = None  # see `event`
 
@@ -183,9 +207,26 @@ class Workload:
             return contextlib.nullcontext()
         return self.tracker.fork(site.stream)
 
+    def _states(self, site: Site) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The value of the device's default generator and of the site's tracker stream, now."""
+        stream = None
+        if site.stream is not None:
+            if hasattr(self.tracker, "generator"):
+                stream = self.tracker.generator(site.stream).get_state()
+            else:
+                value = self.tracker.get_states()[site.stream]
+                stream = value.get_state() if isinstance(value, torch.Generator) else value.detach().clone()
+        return default_generator(self.device).get_state(), stream
+
     def _site(self, site: Site, h: torch.Tensor) -> torch.Tensor:
+        # Only eager draws are watched: a state read during capture is relative to the capture.
+        before = self._states(site) if self.watch is not None and not _capturing() else None
         with self._stream(site):
             h, mask = torch.native_dropout(h, DROPOUT_P, True)
+        if before is not None:
+            after = self._states(site)
+            stream_moved = before[1] is not None and not torch.equal(before[1], after[1])
+            self.watch.add(site.name, not torch.equal(before[0], after[0]), stream_moved)
         self.log.record(site.name, mask)
         # The weight comes after the record on purpose: a non-reentrant recompute may stop early
         # once the last saved tensor is rebuilt (torch's early stop), and this multiply is what
@@ -204,14 +245,18 @@ class Workload:
 
     def _call(self, region: Region, h: torch.Tensor) -> torch.Tensor:
         fn = self._region_fn(region)
-        return fn(h) if self.checkpoint is None else self.checkpoint(fn, h)
+        out = fn(h) if self.checkpoint is None else self.checkpoint(fn, h)
+        self.log.record(region.name, out)  # what the caller got back from the region
+        return out
 
     def forward(self, x: torch.Tensor, loss_weight: torch.Tensor) -> torch.Tensor:
-        """The scalar loss of one forward pass through every region."""
+        """The scalar loss of one forward pass through every region (recorded as ``loss``)."""
         h = x
         for region in self.regions:
             h = self._call(region, h)
-        return (h * loss_weight).sum()
+        loss = (h * loss_weight).sum()
+        self.log.record(LOSS, loss)
+        return loss
 
     def interleaved_draws(self, include_cpu: bool = True, include_device: bool = True) -> None:
         """Draw from every live stream, as other micro-batches would between forward and backward.
@@ -235,6 +280,20 @@ class Workload:
     def checkpointed_sites(self) -> list[str]:
         """Names of the sites inside a checkpointed region (all of them, in this workload)."""
         return [site.name for region in self.regions for site in region.sites()]
+
+    def output_names(self) -> list[str]:
+        """Names under which region outputs (every region, nested ones too) and the loss are kept."""
+        names: list[str] = []
+
+        def walk(region: Region) -> None:
+            names.append(region.name)
+            for item in region.items:
+                if isinstance(item, Region):
+                    walk(item)
+
+        for region in self.regions:
+            walk(region)
+        return [*names, LOSS]
 
     def site_streams(self) -> dict[str, str | None]:
         """Site name -> tracker stream name (None: the default generator)."""

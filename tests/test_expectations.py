@@ -1,4 +1,6 @@
-"""The expectations file agrees with the meta-tests, and its loader handles bad input."""
+"""The expectations file agrees with what the meta-tests see, its entries say which failure they
+expect, and `judge` turns a result into a verdict (wrong failures, stale entries, unsupported
+cells of impls that must support everything)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,9 @@ import pytest
 
 from harness import expectations
 from harness.cases import generate
+from harness.expectations import Expectation, judge
 
-from test_negative_controls import EXPECTED_MISMATCH
+from test_negative_controls import EXPECTED, EXPECTED_MISMATCH, oracles, results
 
 CPU_CASES = tuple(generate(device="cpu"))
 
@@ -20,25 +23,94 @@ def test_file_marks_exactly_the_cpu_cells_the_meta_tests_expect_to_fail(impl):
         assert marked == EXPECTED_MISMATCH[impl](case), f"{impl} {case.id}"
 
 
-def test_every_entry_matches_some_case():
-    ids = [case.id for case in generate()]
-    assert expectations.unmatched(expectations.load(), ids) == []
+@pytest.mark.parametrize("impl", sorted(EXPECTED))
+def test_every_cpu_result_is_judged_pass_or_xfail_under_the_file(impl):
+    entries = expectations.load()
+    wrong = []
+    for case in CPU_CASES:
+        result = results(impl)[case.id]
+        entry = expectations.find(entries, impl, case.id)
+        verdict = judge(result.outcome.value, oracles(result), result.error, entry, impl=impl)
+        if verdict.verdict not in ("pass", "xfail"):
+            wrong.append(f"{case.id}: {verdict.verdict} {verdict.note}")
+    assert wrong == []
 
 
-def test_an_entry_that_matches_nothing_is_reported(tmp_path):
+def test_every_entry_matches_some_case_and_names_a_known_impl():
+    assert expectations.entry_problems(expectations.load()) == []
+
+
+def test_entry_problems_name_unknown_impls_and_dead_patterns(tmp_path):
     path = tmp_path / "e.toml"
-    path.write_text('[[expect]]\nimpl = "torch"\ncases = ["*-nosuchlayout-*"]\nreason = "r"\n')
-    entries = expectations.load(path)
-    assert expectations.unmatched(entries, [c.id for c in generate()]) == entries
+    path.write_text('[[expect]]\nimpl = "torhc"\ncases = ["*"]\nreason = "r"\n'
+                    '[[expect]]\nimpl = "torch"\ncases = ["*-nosuchlayout-*"]\nreason = "r"\n'
+                    '[[expect]]\nimpl = "mypkg.adapter:factory"\ncases = ["*"]\nreason = "r"\n')
+    assert expectations.entry_problems(expectations.load(path)) == [
+        "impl matches no known implementation: torhc: *",
+        "cases match no case: torch: *-nosuchlayout-*",
+    ]
 
 
-def test_missing_keys_and_bad_toml_are_one_line_errors(tmp_path):
+ENTRY = Expectation("torch", ("*",), "why", oracles=("recompute-mask",))
+
+
+@pytest.mark.parametrize("outcome, fired, error, verdict, note", [
+    ("mismatch", ["recompute-mask", "gradient"], "", "xfail", ""),
+    ("mismatch", ["live-stream"], "", "fail",
+     "wrong failure: expected mismatch (recompute-mask), got mismatch (live-stream)"),
+    ("error", [], "TypeError: boom\nmore", "fail",
+     "wrong failure: expected mismatch (recompute-mask), got error: TypeError: boom"),
+    ("crash", [], "worker process died", "fail",
+     "wrong failure: expected mismatch (recompute-mask), got crash: worker process died"),
+    ("pass", [], "", "stale", "stale: expected mismatch (recompute-mask), but the case passed"),
+    ("unsupported", [], "", "skip", ""),
+])
+def test_judge_against_an_entry(outcome, fired, error, verdict, note):
+    assert judge(outcome, fired, error, ENTRY, impl="torch") == expectations.Judgement(verdict, note)
+
+
+def test_an_error_entry_matches_its_message():
+    entry = Expectation("x", ("*",), "why", outcome="error", message="^RuntimeError: set_current_seed")
+    assert judge("error", [], "RuntimeError: set_current_seed can ...", entry, impl="x").verdict == "xfail"
+    assert judge("error", [], "TypeError: no", entry, impl="x").note == (
+        "wrong failure: expected error matching '^RuntimeError: set_current_seed', got error: TypeError: no")
+    assert judge("mismatch", ["gradient"], "", entry, impl="x").verdict == "fail"
+
+
+def test_without_an_entry():
+    assert judge("pass", [], "", None, impl="x").verdict == "pass"
+    assert judge("mismatch", ["gradient"], "", None, impl="x").verdict == "fail"
+    assert judge("timeout", [], "", None, impl="x").verdict == "fail"
+    assert judge("skipped", [], "", None, impl="x").verdict == "skip"
+    assert judge("unsupported", [], "", None, impl="x").verdict == "skip"
+
+
+def test_an_unsupported_cell_fails_an_impl_that_must_support_every_case():
+    found = judge("unsupported", [], "", None, impl="torch", must_support_all=True, reason="nope")
+    assert found == expectations.Judgement(
+        "fail", "torch must support every valid case of its device, but declared this one unsupported: nope")
+
+
+@pytest.mark.parametrize("body, message", [
+    ('[[expect]]\nimpl = "torch"\n', "lacks cases, reason"),
+    ("[[expect]\n", "cannot read"),
+    ('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\noutcome = "fail"\n', "outcome 'fail' is not one of"),
+    ('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\noracles = ["gradients"]\n', "unknown oracle 'gradients'"),
+    ('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\noutcome = "error"\noracles = ["gradient"]\n',
+     "names oracles, which only a mismatch has"),
+    ('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\nmessage = "x"\n', "has a message, which a mismatch has not"),
+    ('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\noutcome = "error"\nmessage = "("\n',
+     "is not a regular expression"),
+    ('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\nwhy = "typo"\n', "unknown key 'why'"),
+    ('[[expect]]\nimpl = "t"\ncases = []\nreason = "r"\n', "cases must be a string or a list of strings"),
+])
+def test_malformed_entries_are_one_line_errors(tmp_path, body, message):
     path = tmp_path / "e.toml"
-    path.write_text('[[expect]]\nimpl = "torch"\n')
-    with pytest.raises(expectations.ExpectationError, match="lacks cases, reason"):
+    path.write_text(body)
+    with pytest.raises(expectations.ExpectationError, match=message.replace("(", r"\(")):
         expectations.load(path)
-    path.write_text("[[expect]\n")
-    with pytest.raises(expectations.ExpectationError, match="cannot read"):
-        expectations.load(path)
+
+
+def test_a_missing_file_is_an_error(tmp_path):
     with pytest.raises(expectations.ExpectationError, match="does not exist"):
         expectations.load(tmp_path / "missing.toml")

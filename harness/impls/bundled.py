@@ -14,6 +14,7 @@ class BundledAdapter(Adapter):
     """The bundled checkpoint, parameterised by its RNG policy (negative controls swap it)."""
 
     name = "bundled"
+    must_support_all = True  # every valid case of its device: unsupported would be a failure
     description = "harness.checkpoint: value snapshots of every live stream, rewound in place"
     policy: RNGPolicy = ValuePolicy()
 

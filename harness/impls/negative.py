@@ -6,11 +6,14 @@ cannot fail them is worthless.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 
+from ..checkpoint import RNGStatesTracker, StateValues
 from ..checkpoint.generators import device_default_generators
+from ..checkpoint import rng
 from ..checkpoint.rng import ValuePolicy, live_generators
 from .base import Adapter
 from .bundled import BundledAdapter
@@ -105,3 +108,131 @@ def make_host_values() -> Adapter:
 
 def make_no_rewind() -> Adapter:
     return _control("neg-no-rewind", NoRewindPolicy(), "never rewinds for the recompute")
+
+
+# --- controls that prove the other oracles and the reference check can fail ----------------------
+
+
+class NoRecomputeAdapter(BundledAdapter):
+    """Bug: keeps the region's activations and never recomputes (not a checkpoint at all).
+
+    Masks, gradients and streams all match the reference; only the recompute-mask oracle's "the
+    site was never recomputed" can tell.
+    """
+
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any) -> Any:
+        return fn(*args)
+
+
+class StaleRNGAdapter(BundledAdapter):
+    """Bug: puts every live stream back where it was after a region's forward, as a graph that
+    replays stale RNG would: the next iteration redraws the same masks (fresh-randomness)."""
+
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any) -> Any:
+        before = StateValues.take(live_generators(tracker))
+        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+        before.write_back()
+        return out
+
+
+class ExtraDrawAdapter(BundledAdapter):
+    """Bug: the checkpoint draws from the device's default generator before running the region,
+    so the forward's masks are not the reference's (forward-mask)."""
+
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any) -> Any:
+        device = args[0].device
+        torch.empty(1, device=device).uniform_()
+        return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+
+
+class WrongOutputAdapter(BundledAdapter):
+    """Bug: returns the region's output with one element changed by a constant; masks, gradients
+    of the region's inputs and streams stay right (output)."""
+
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any) -> Any:
+        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+        bump = torch.zeros_like(out)
+        bump.view(-1)[:1].fill_(1.0)  # a kernel, no host copy: fine inside a CUDA graph capture
+        return out + bump  # a constant: the gradient of `out` is unchanged
+
+
+class ReplaceStreamsPolicy(ValuePolicy):
+    """Bug: after the recompute, gives every tracker stream a new generator object holding the
+    right value (aliases kept aliased) instead of rewinding the live one in place (identity).
+    Eager only: torch refuses to make a generator during a CUDA graph capture."""
+
+    def snapshot(self, tracker: Any) -> Any:
+        return tracker, super().snapshot(tracker)
+
+    def rewind(self, snapshot: Any) -> Any:
+        tracker, values = snapshot
+        return tracker, super().rewind(values)
+
+    def restore(self, token: Any) -> None:
+        tracker, values = token
+        super().restore(values)
+        streams = getattr(tracker, "_streams", None)
+        if streams is None or rng._capturing():  # no generator can be made during a capture: eager only
+            return
+        replaced: dict[int, torch.Generator] = {}
+        for name, gen in list(streams.items()):
+            if id(gen) not in replaced:
+                replaced[id(gen)] = _copy_of(gen)
+            streams[name] = replaced[id(gen)]
+
+
+def _copy_of(gen: torch.Generator) -> torch.Generator:
+    """A new generator object holding `gen`'s state."""
+    fresh = torch.Generator(device=gen.device)
+    fresh.set_state(gen.get_state())
+    return fresh
+
+
+class InertForkTracker(RNGStatesTracker):
+    """A tracker whose `fork()` silently does nothing: every 'tracked' draw is a default draw."""
+
+    @contextlib.contextmanager
+    def fork(self, name: str) -> Iterator[None]:
+        self._stream(name)  # the name must exist; nothing is switched
+        yield
+
+
+class InertForkAdapter(BundledAdapter):
+    """Bug: its tracker's `fork()` does nothing.  A checkpoint that saves only the default
+    generator then passes the tracked layouts vacuously; the reference check makes them errors."""
+
+    def make_tracker(self, device: Any) -> Any:
+        return InertForkTracker(device)
+
+
+def _variant(cls: type, name: str, description: str) -> Adapter:
+    # The bundled checkpoint as it is (default policy, capture strategy 'auto'): the one bug of
+    # these controls is in their adapter or tracker, so it is the only difference from `bundled`.
+    adapter = cls()
+    adapter.name, adapter.description = name, description
+    return adapter
+
+
+def make_no_recompute() -> Adapter:
+    return _variant(NoRecomputeAdapter, "neg-no-recompute", "keeps activations, never recomputes")
+
+
+def make_stale_rng() -> Adapter:
+    return _variant(StaleRNGAdapter, "neg-stale-rng", "puts every stream back after a region's forward")
+
+
+def make_extra_draw() -> Adapter:
+    return _variant(ExtraDrawAdapter, "neg-extra-draw", "draws from the default generator before each region")
+
+
+def make_wrong_output() -> Adapter:
+    return _variant(WrongOutputAdapter, "neg-wrong-output", "returns the region's output with one element changed")
+
+
+def make_replace_streams() -> Adapter:
+    return _control("neg-replace-streams", ReplaceStreamsPolicy(),
+                    "replaces tracker stream objects after the recompute instead of rewinding in place")
+
+
+def make_inert_fork() -> Adapter:
+    return _variant(InertForkAdapter, "neg-inert-fork", "its tracker's fork() does nothing")

@@ -18,6 +18,7 @@ from .base import Adapter
 
 class TorchAdapter(Adapter):
     name = "torch"
+    must_support_all = True  # every valid case of its device: unsupported would be a failure
     description = "torch.utils.checkpoint.checkpoint(preserve_rng_state=True)"
 
     @property

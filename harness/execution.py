@@ -1,0 +1,181 @@
+"""One way to run a case: the command line, the pytest plugin and the benchmark all go through here.
+
+* `load_targets` turns ``--impl`` values into `Target`s (the name the user gave plus its adapter);
+  an impl named explicitly whose package cannot load is bad input unless unsupported cells are
+  allowed.
+* `resolve_devices` and `check_selection` refuse what cannot run here: ``--device cuda`` with no
+  CUDA device visible, a capture mode without CUDA.
+* `run_case` runs one case (in this process or in an isolated worker), looks up its expectation
+  under the user's name and judges it, returning the result and its record.  The record's `impl`
+  is the name the user gave, so expectations, reports and the rerun line (`rerun_command`) all
+  name what `repro --impl` can load.
+
+Nothing here imports pytest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from . import expectations as expectations_mod
+from . import impls
+from .cases import Case, Capture, Device
+from .runner import ITERATIONS, CaseResult, run
+
+__all__ = [
+    "CaseRun", "Target", "UsageError", "check_selection", "cuda_visible", "load_targets",
+    "rerun_command", "resolve_devices", "run_case",
+]
+
+
+class UsageError(ValueError):
+    """Bad input for a run (an impl that cannot load, a device that is not there); one line."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """An implementation under test: the name the user gave (its identity everywhere) and its adapter."""
+
+    name: str
+    adapter: Any
+
+
+@dataclass
+class CaseRun:
+    """One case run for one target: the result (with timelines, for `repro`) and its judged record."""
+
+    result: CaseResult
+    record: dict[str, Any]
+
+
+def cuda_visible() -> bool:
+    """Whether torch sees a CUDA device."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_devices(value: str, require_visible: bool = True) -> list[str]:
+    """Turn a --device value into device type names; 'auto' picks cuda when a GPU is visible.
+
+    Asking for cuda where no CUDA device is visible is a `UsageError` (with `require_visible`, for
+    anything that runs cases), not a run of skipped cases.
+    """
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    out: list[str] = []
+    for name in names or ["auto"]:
+        if name == "auto":
+            name = "cuda" if cuda_visible() else "cpu"
+        elif name not in ("cpu", "cuda"):
+            raise UsageError(f"unknown device {name!r}; valid values: auto, cpu, cuda")
+        elif name == "cuda" and require_visible and not cuda_visible():
+            raise UsageError("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def check_selection(cases: Sequence[Case], devices: Sequence[str], captures: Iterable[Capture] = ()) -> None:
+    """Refuse a selection that asks for what this machine cannot run: a case on a CUDA device with
+    none visible, or a capture mode (`captures`, the values the user filtered on) without cuda
+    among `devices` (capture needs CUDA; generate() would drop those cells silently)."""
+    graphs = sorted({c.value for c in captures if c is not Capture.EAGER})
+    if graphs and "cuda" not in devices:
+        why = "no CUDA device is visible" if not cuda_visible() else "the devices asked for are " + ", ".join(devices)
+        raise UsageError(f"--capture {','.join(graphs)} needs CUDA graphs, which need a CUDA device: {why}")
+    if any(c.device is Device.CUDA for c in cases) and not cuda_visible():
+        first = next(c for c in cases if c.device is Device.CUDA)
+        raise UsageError(f"case {first.id} needs a CUDA device: none is visible (torch.cuda.is_available() is False)")
+
+
+def _explicit(values: Sequence[str] | str | None) -> set[str]:
+    """The impl names the user typed (not those that 'all' stands for)."""
+    if not values:
+        return set()
+    values = [values] if isinstance(values, str) else list(values)
+    return {n.strip() for v in values for n in v.split(",") if n.strip() and n.strip() != "all"}
+
+
+def _unavailable(adapter: Any) -> str | None:
+    check = getattr(adapter, "unavailable", None)
+    if check is None:
+        return None
+    try:
+        return check()
+    except (Exception, SystemExit) as exc:
+        return f"unavailable() raised {type(exc).__name__}: {exc}"
+
+
+def load_targets(values: Sequence[str] | str | None, *, allow_unsupported: bool = False,
+                 default: str = "bundled") -> list[Target]:
+    """The targets for --impl `values` (repeatable, comma lists, 'all'); default `default`.
+
+    An impl the user named explicitly whose code cannot be loaded here (`adapter.unavailable()`,
+    e.g. its package does not import) is a `UsageError` unless `allow_unsupported`: a run must
+    not pass by reporting every cell unsupported.  Impls that only 'all' brought in may be
+    unavailable; their cells are reported unsupported.  A name that cannot be loaded at all is an
+    `impls.ImplError`.
+    """
+    names = impls.parse_impl_names(values, default=default)
+    explicit = _explicit(values) or {default}
+    targets = [Target(name, impls.load(name)) for name in names]
+    for target in targets:
+        reason = _unavailable(target.adapter) if target.name in explicit else None
+        if reason and not allow_unsupported:
+            raise UsageError(f"implementation {target.name!r} cannot run here: {reason} "
+                             "(--allow-unsupported runs it anyway, every case unsupported)")
+    return targets
+
+
+def _version(adapter: Any) -> str | None:
+    try:
+        return getattr(adapter, "version", None)
+    except (Exception, SystemExit):
+        return None
+
+
+def judged_record(result: CaseResult, target: Target, entries: Sequence[expectations_mod.Expectation]
+                  ) -> dict[str, Any]:
+    """`result` as a record, with its expectation (looked up under the target's name and version)
+    and its verdict: ``verdict``, ``verdict_note``, ``expected_failure``, ``expected_issue``,
+    ``expected_outcome``, ``expected_oracles``."""
+    record = result.to_dict()
+    record["impl"] = target.name
+    entry = expectations_mod.find(entries, target.name, result.case.id, version=record.get("impl_version"))
+    judgement = expectations_mod.judge(
+        result.outcome.value, [m.oracle for m in result.mismatches], result.error, entry,
+        impl=target.name, must_support_all=bool(getattr(target.adapter, "must_support_all", False)),
+        reason=result.reason,
+    )
+    record.update({
+        "verdict": judgement.verdict,
+        "verdict_note": judgement.note,
+        "expected_failure": entry.reason if entry else "",
+        "expected_issue": entry.issue if entry else "",
+        "expected_outcome": entry.outcome if entry else "",
+        "expected_oracles": list(entry.oracles) if entry else [],
+    })
+    return record
+
+
+def run_case(target: Target, case: Case, entries: Sequence[expectations_mod.Expectation], *,
+             worker: Any = None, iterations: int = ITERATIONS, timeline: bool = False) -> CaseRun:
+    """Run `case` for `target` (in `worker`, an `isolation.CaseWorker`, when given) and judge it.
+
+    Never raises for faults of the impl: they are results (error, crash, timeout).
+    """
+    if worker is not None:
+        result = worker.run(case, target.name, iterations)
+        result.impl_version = _version(target.adapter)
+    else:
+        result = run(case, target.adapter, iterations, timeline=timeline, name=target.name)
+    result.impl = target.name
+    return CaseRun(result, judged_record(result, target, entries))
+
+
+def rerun_command(record: dict[str, Any]) -> str:
+    """The copy-paste command that reruns the record's case alone (the report prints the same)."""
+    from .report import repro_command
+
+    return repro_command(record)

@@ -1,0 +1,406 @@
+"""Every oracle of DESIGN section 4 can fail: synthetic run records, no checkpoint, no runner.
+
+`make_pair` builds a reference and a checkpointed `RunRecord` by hand (sites s0 and s1, outputs
+r0 and loss, two iterations) that pass every oracle.  Each test breaks one thing in that pair and
+asserts exactly which `Mismatch`es come back (oracle, subject, iteration, count, first index,
+values), so a broken oracle that stays silent, or one that fires for the wrong reason, or one
+that drags another oracle along, fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.compare import Mismatch
+from harness.oracles import (
+    ORACLES,
+    Checks,
+    RunRecord,
+    check,
+    forward_masks,
+    fresh_randomness,
+    gradients,
+    identity,
+    live_streams,
+    outputs,
+    recompute_masks,
+)
+from harness.streams import StreamSnapshot, describe_state
+from harness.workload import FORWARD, LOSS, RECOMPUTE, MaskLog
+
+SITES = ["s0", "s1"]
+OUTPUTS = ["r0", LOSS]
+ITERATIONS = 2
+TRACKER = "tracker:tp"
+ALIASES = (("tp", "tp-alias"),)
+TRACKER_SEED = 2718
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def _gen(seed: int) -> torch.Generator:
+    """A private generator: nothing here touches the global RNG."""
+    return torch.Generator().manual_seed(seed)
+
+
+def _mask(it: int, site: str) -> torch.Tensor:
+    """The bool mask of `site` in iteration `it` (a different one for every pair)."""
+    return torch.rand(8, 8, generator=_gen(100 * it + SITES.index(site))) < 0.5
+
+
+def _floats(seed: int, shape: tuple[int, ...] = (4, 4)) -> torch.Tensor:
+    return torch.rand(shape, generator=_gen(seed))
+
+
+def philox_state(seed: int, offset: int) -> torch.Tensor:
+    """A CUDA-like generator state: 16 bytes, read as int64 [seed, offset]."""
+    return torch.tensor([seed, offset], dtype=torch.int64).view(torch.uint8)
+
+
+def nan_with_bits(bits: int) -> torch.Tensor:
+    """A 1-element float32 tensor holding the NaN with the given bit pattern."""
+    return torch.tensor([bits], dtype=torch.int32).view(torch.float32)
+
+
+def make_record(checkpointed: bool) -> RunRecord:
+    """One run of the synthetic case, every tensor freshly made (the two runs share nothing).
+
+    Forward masks of s0 and s1, the output of region r0 and the loss per iteration; the
+    checkpointed run also recomputes each site once, redrawing its forward mask.  Gradients
+    are ``input`` and ``weight.s0`` (which holds an exact +0.0 at [0, 0]); streams are a CPU
+    state and a Philox-like tracker stream with one alias; every tracker name resolves to the
+    same object before and after each iteration.
+    """
+    log = MaskLog()
+    tracker_object = torch.Generator()
+    record = RunRecord(log, objects_before={TRACKER: tracker_object})
+    for it in range(ITERATIONS):
+        log.start(it)
+        for site in SITES:
+            log.record(site, _mask(it, site))
+        log.record("r0", _floats(10 + it))
+        log.record(LOSS, _floats(20 + it, ()))
+        if checkpointed:
+            log.phase = RECOMPUTE
+            for site in SITES:
+                log.record(site, _mask(it, site))
+        weight_grad = _floats(30 + it)
+        weight_grad[0, 0] = 0.0
+        record.grads[it] = {"input": _floats(40 + it), "weight.s0": weight_grad}
+        cpu = _gen(1234)
+        torch.rand(it + 1, generator=cpu)
+        record.streams[it] = StreamSnapshot(
+            {"cpu": cpu.get_state(), TRACKER: philox_state(TRACKER_SEED, 16 * (it + 1))}, ALIASES,
+        )
+        record.objects[it] = {TRACKER: tracker_object}
+    return record
+
+
+def make_pair() -> tuple[RunRecord, RunRecord]:
+    """A reference and a checkpointed record that pass every oracle."""
+    return make_record(checkpointed=False), make_record(checkpointed=True)
+
+
+def run_check(ref: RunRecord, ck: RunRecord) -> list[Mismatch]:
+    return check(ref, ck, SITES, ITERATIONS, OUTPUTS)
+
+
+def one(mismatches: list[Mismatch], oracle: str, subject: str, iteration: int) -> Mismatch:
+    """The only mismatch of the list, which must be `oracle` about `subject` in `iteration`."""
+    assert [(m.oracle, m.subject, m.iteration) for m in mismatches] == [(oracle, subject, iteration)], \
+        [m.message() for m in mismatches]
+    return mismatches[0]
+
+
+def flip(tensor: torch.Tensor, index: tuple[int, ...]) -> None:
+    """Flip one element of a bool mask, in place."""
+    tensor[index] = ~tensor[index]
+
+
+def set_mask(record: RunRecord, it: int, site: str, mask: torch.Tensor) -> None:
+    """Replace a site's forward mask and (if recorded) its recompute, so the run stays
+    self-consistent and only the comparison with the other run can notice."""
+    record.log.masks[(it, site, FORWARD)] = [mask]
+    if (it, site, RECOMPUTE) in record.log.masks:
+        record.log.masks[(it, site, RECOMPUTE)] = [mask.clone()]
+
+
+# ------------------------------------------------------------------------------- passing pair
+
+
+# Each oracle on its own, applied over every iteration of the pair.
+SINGLE_ORACLES = {
+    "forward-mask": lambda ref, ck, it, c: forward_masks(ref, ck, SITES, it, c, OUTPUTS),
+    "recompute-mask": lambda ref, ck, it, c: recompute_masks(ck, SITES, it, c),
+    "gradient": lambda ref, ck, it, c: gradients(ref, ck, it, c),
+    "live-stream": lambda ref, ck, it, c: live_streams(ref, ck, it, c),
+    "fresh-randomness": lambda ref, ck, it, c: fresh_randomness(ck, SITES, ITERATIONS, c) if it == 0 else None,
+    "output": lambda ref, ck, it, c: outputs(ref, ck, OUTPUTS, it, c),
+    "identity": lambda ref, ck, it, c: identity(ck, it, c),
+}
+
+
+def test_every_oracle_is_covered():
+    assert set(SINGLE_ORACLES) == set(ORACLES)
+
+
+@pytest.mark.parametrize("oracle", list(SINGLE_ORACLES))
+def test_each_oracle_passes_the_good_pair(oracle):
+    ref, ck = make_pair()
+    checks = Checks()
+    for it in range(ITERATIONS):
+        SINGLE_ORACLES[oracle](ref, ck, it, checks)
+    assert checks.resolve() == []
+
+
+def test_the_good_pair_passes_check():
+    assert run_check(*make_pair()) == []
+
+
+def test_the_good_pair_is_not_trivial():
+    """The masks really are random and really change between iterations and sites."""
+    ref, _ = make_pair()
+    masks = [ref.draws(it, site, FORWARD)[0] for it in range(ITERATIONS) for site in SITES]
+    assert all(m.dtype == torch.bool and m.any() and not m.all() for m in masks)
+    assert len({tuple(m.reshape(-1).tolist()) for m in masks}) == len(masks)
+
+
+# ------------------------------------------------------------------------------ forward-mask
+
+
+def test_forward_mask_one_flipped_element():
+    ref, ck = make_pair()
+    mask = ck.draws(1, "s1", FORWARD)[0].clone()
+    flip(mask, (2, 5))
+    set_mask(ck, 1, "s1", mask)
+    m = one(run_check(ref, ck), "forward-mask", "s1", 1)
+    assert (m.count, m.total, m.first_index) == (1, 64, (2, 5))
+    assert m.got == str(bool(mask[2, 5]))
+    assert m.expected == str(not bool(mask[2, 5]))
+    assert "Mismatched elements: 1 / 64" in m.message()
+
+
+def test_forward_mask_site_missing_in_checkpointed_run():
+    ref, ck = make_pair()
+    del ck.log.masks[(0, "s1", FORWARD)]  # its recompute stays: only the forward is missing
+    m = one(run_check(ref, ck), "forward-mask", "s1", 0)
+    assert (m.count, m.detail) == (0, "0 forward draws, expected 1")
+
+
+def test_forward_mask_extra_site_only_in_checkpointed_run():
+    ref, ck = make_pair()
+    ck.log.masks[(0, "s9", FORWARD)] = [_mask(0, "s0")]
+    m = one(run_check(ref, ck), "forward-mask", "s9", 0)
+    assert m.detail == "1 forward draws, expected 0"
+
+
+def test_forward_mask_two_draws_instead_of_one():
+    ref, ck = make_pair()
+    ck.log.masks[(1, "s0", FORWARD)].append(_mask(1, "s1"))
+    m = one(run_check(ref, ck), "forward-mask", "s0", 1)
+    assert (m.count, m.detail) == (0, "2 forward draws, expected 1")
+
+
+# ---------------------------------------------------------------------------- recompute-mask
+
+
+def test_recompute_mask_differs_from_forward():
+    ref, ck = make_pair()
+    flip(ck.log.masks[(0, "s0", RECOMPUTE)][0], (7, 7))
+    m = one(run_check(ref, ck), "recompute-mask", "s0", 0)
+    assert (m.count, m.total, m.first_index) == (1, 64, (7, 7))
+
+
+def test_recompute_mask_site_never_recomputed():
+    ref, ck = make_pair()
+    del ck.log.masks[(1, "s1", RECOMPUTE)]
+    m = one(run_check(ref, ck), "recompute-mask", "s1", 1)
+    assert m.detail == "the site was never recomputed"
+
+
+def test_recompute_mask_second_of_two_recomputes_differs():
+    ref, ck = make_pair()
+    second = _mask(0, "s0")
+    flip(second, (0, 3))
+    ck.log.masks[(0, "s0", RECOMPUTE)].append(second)
+    m = one(run_check(ref, ck), "recompute-mask", "s0 (recompute 2 of 2)", 0)
+    assert (m.count, m.first_index) == (1, (0, 3))
+
+
+# ---------------------------------------------------------------------------------- gradient
+
+
+def test_gradient_signed_zero_is_a_difference():
+    ref, ck = make_pair()
+    ck.grads[0]["weight.s0"][0, 0] = -0.0
+    m = one(run_check(ref, ck), "gradient", "weight.s0", 0)
+    assert (m.count, m.total, m.first_index) == (1, 16, (0, 0))
+    assert (m.got, m.expected) == ("-0.0 (0x80000000)", "0.0 (0x00000000)")
+
+
+def test_gradient_extra_key_only_in_checkpointed_run():
+    ref, ck = make_pair()
+    ck.grads[1]["weight.s1"] = _floats(50)
+    m = one(run_check(ref, ck), "gradient", "weight.s1", 1)
+    assert m.detail == "no such gradient in the reference run"
+
+
+def test_gradient_key_missing_in_checkpointed_run():
+    ref, ck = make_pair()
+    del ck.grads[0]["input"]
+    m = one(run_check(ref, ck), "gradient", "input", 0)
+    assert m.detail == "no such gradient in the checkpointed run"
+
+
+@pytest.mark.parametrize("none_in, missing", [("ck", "checkpointed run"), ("ref", "reference run")])
+def test_gradient_none_against_a_tensor(none_in, missing):
+    ref, ck = make_pair()
+    (ck if none_in == "ck" else ref).grads[1]["input"] = None
+    m = one(run_check(ref, ck), "gradient", "input", 1)
+    assert m.detail == f"no gradient in the {missing}"
+
+
+def test_gradient_none_in_both_runs_passes():
+    ref, ck = make_pair()
+    ref.grads[0]["input"] = ck.grads[0]["input"] = None
+    assert run_check(ref, ck) == []
+
+
+@pytest.mark.parametrize("change, detail", [
+    (lambda g: g.double(), "got torch.float64(4, 4), expected torch.float32(4, 4)"),
+    (lambda g: g.reshape(16), "got torch.float32(16,), expected torch.float32(4, 4)"),
+])
+def test_gradient_dtype_or_shape_differs(change, detail):
+    ref, ck = make_pair()
+    ck.grads[0]["input"] = change(ck.grads[0]["input"])  # same values, other dtype or shape
+    m = one(run_check(ref, ck), "gradient", "input", 0)
+    assert (m.count, m.total, m.detail) == (16, 16, detail)
+
+
+# ------------------------------------------------------------------------------- NaN payloads
+
+
+def _nan_pair(ref_bits: int, ck_bits: int) -> tuple[RunRecord, RunRecord]:
+    """The good pair with a NaN of the given bit patterns at input gradient [1, 2]."""
+    ref, ck = make_pair()
+    ref.grads[0]["input"][1, 2] = nan_with_bits(ref_bits)
+    ck.grads[0]["input"][1, 2] = nan_with_bits(ck_bits)
+    return ref, ck
+
+
+def test_nan_payloads_that_differ_mismatch():
+    m = one(run_check(*_nan_pair(0x7FC00000, 0x7FC00001)), "gradient", "input", 0)
+    assert (m.count, m.first_index) == (1, (1, 2))
+    assert (m.got, m.expected) == ("nan (0x7fc00001)", "nan (0x7fc00000)")
+
+
+@pytest.mark.parametrize("bits", [0x7FC00000, 0x7FC00001, 0xFFC00123 - (1 << 32)])
+def test_nan_payloads_with_equal_bits_match(bits):
+    ref, ck = _nan_pair(bits, bits)
+    assert torch.isnan(ck.grads[0]["input"][1, 2])
+    assert run_check(ref, ck) == []
+
+
+# ------------------------------------------------------------------------------- live-stream
+
+
+@pytest.mark.parametrize("seed, offset, part", [(TRACKER_SEED, 48, "offset"), (99, 16, "seed")])
+def test_live_stream_tracker_state_differs(seed, offset, part):
+    ref, ck = make_pair()
+    ck.streams[0].states[TRACKER] = philox_state(seed, offset)
+    m = one(run_check(ref, ck), "live-stream", TRACKER, 0)
+    assert m.got == f"seed {seed}, offset {offset}"
+    assert m.expected == f"seed {TRACKER_SEED}, offset 16"
+    assert m.detail == f"the Philox {part} differs"
+    assert m.first_index == {"seed": 0, "offset": 1}[part]
+
+
+def test_live_stream_cpu_state_differs():
+    ref, ck = make_pair()
+    ck.streams[1].states["cpu"] = ref.streams[0].states["cpu"].clone()  # one draw fewer
+    m = one(run_check(ref, ck), "live-stream", "cpu", 1)
+    assert m.got == describe_state(ref.streams[0].states["cpu"])
+    assert m.expected == describe_state(ref.streams[1].states["cpu"])
+    assert m.got.startswith("seed 1234, position ") and m.got != m.expected
+
+
+@pytest.mark.parametrize("missing_in", ["checkpointed run", "reference run"])
+def test_live_stream_missing_in_one_run(missing_in):
+    ref, ck = make_pair()
+    del (ck if missing_in == "checkpointed run" else ref).streams[1].states[TRACKER]
+    m = one(run_check(ref, ck), "live-stream", TRACKER, 1)
+    assert m.detail == f"missing in {missing_in}"
+
+
+def test_live_stream_broken_alias_group():
+    ref, ck = make_pair()
+    ck.streams[0].alias_groups = ()
+    m = one(run_check(ref, ck), "live-stream", "tracker aliases", 0)
+    assert m.detail == f"alias groups (), expected {ALIASES}"
+
+
+# -------------------------------------------------------------------------- fresh-randomness
+
+
+def test_fresh_randomness_stale_mask_in_next_iteration():
+    ref, ck = make_pair()
+    for record in (ref, ck):  # both runs stale, so only this oracle can see it
+        set_mask(record, 1, "s0", record.draws(0, "s0", FORWARD)[0].clone())
+    m = one(run_check(ref, ck), "fresh-randomness", "s0", 1)
+    assert m.detail == "forward mask is identical to iteration 0's (stale RNG)"
+
+
+def test_fresh_randomness_stale_only_in_checkpointed_run_also_fails_forward_mask():
+    ref, ck = make_pair()
+    set_mask(ck, 1, "s0", ck.draws(0, "s0", FORWARD)[0].clone())
+    assert [(m.oracle, m.subject, m.iteration) for m in run_check(ref, ck)] == [
+        ("forward-mask", "s0", 1), ("fresh-randomness", "s0", 1),
+    ]
+
+
+# ------------------------------------------------------------------------------------ output
+
+
+def test_output_region_output_differs_in_one_element():
+    ref, ck = make_pair()
+    ck.log.masks[(0, "r0", FORWARD)][0][3, 1] += 1.0
+    m = one(run_check(ref, ck), "output", "r0", 0)
+    assert (m.count, m.total, m.first_index) == (1, 16, (3, 1))
+
+
+def test_output_loss_differs():
+    ref, ck = make_pair()
+    loss = ck.log.masks[(1, LOSS, FORWARD)][0]
+    ck.log.masks[(1, LOSS, FORWARD)] = [torch.nextafter(loss, torch.tensor(2.0))]  # one ulp
+    m = one(run_check(ref, ck), "output", LOSS, 1)
+    assert (m.count, m.total, m.first_index) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("missing_in, detail", [("ck", "0 outputs, expected 1"), ("ref", "1 outputs, expected 0")])
+def test_output_missing_in_one_run(missing_in, detail):
+    ref, ck = make_pair()
+    del (ck if missing_in == "ck" else ref).log.masks[(1, "r0", FORWARD)]
+    m = one(run_check(ref, ck), "output", "r0", 1)
+    assert m.detail == detail
+
+
+# ---------------------------------------------------------------------------------- identity
+
+
+def test_identity_replaced_object_with_equal_state():
+    ref, ck = make_pair()
+    before = ck.objects_before[TRACKER]
+    replacement = torch.Generator()
+    replacement.set_state(before.get_state())  # equal value, other object
+    ck.objects[1] = {TRACKER: replacement}
+    m = one(run_check(ref, ck), "identity", TRACKER, 1)
+    assert "another generator object" in m.detail
+
+
+def test_identity_name_no_longer_resolves():
+    ref, ck = make_pair()
+    ck.objects[0] = {}
+    m = one(run_check(ref, ck), "identity", TRACKER, 0)
+    assert m.detail == "the name no longer resolves"
