@@ -21,7 +21,7 @@ from . import report as reporting
 from . import repro_script, timeline
 from .report import cli as report_cli
 from .cases import AXES, Capture, CaseError, Case, generate, parse_case_id
-from .execution import UsageError, check_selection, load_targets, resolve_devices, run_case
+from .execution import UsageError, check_selection, load_targets, proved_nothing, resolve_devices, run_case
 from .report.cli import UsageFailure  # one class for every subcommand's bad input
 
 INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
@@ -138,8 +138,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress.finish(written)
     if interrupted:
         return INTERRUPTED
+    idle = [] if args.allow_unsupported else proved_nothing(targets, records)
+    for line in idle:
+        print(f"error: {line}", file=sys.stderr)
     counts = Counter(r["verdict"] for r in records)
-    return 1 if counts["fail"] or counts["stale"] else 0
+    return 1 if counts["fail"] or counts["stale"] or idle else 0
 
 
 class Progress:

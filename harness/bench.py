@@ -93,9 +93,9 @@ def bench(target: Target, device: str, total_cases: int) -> dict[str, Any]:
     while done < total_cases:
         for case in cases:
             start = time.perf_counter()
-            done = run_case(target, case, entries)
-            result = done.result
-            json.dumps(done.record)  # what writing a record costs, without the file system
+            case_run = run_case(target, case, entries)
+            result = case_run.result
+            json.dumps(case_run.record)  # what writing a record costs, without the file system
             spent = time.perf_counter() - start
             if first_pass:
                 phases = per_capture[case.capture.value]

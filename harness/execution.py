@@ -25,7 +25,7 @@ from .runner import ITERATIONS, CaseResult, run
 
 __all__ = [
     "CaseRun", "Target", "UsageError", "check_selection", "cuda_visible", "load_targets",
-    "rerun_command", "resolve_devices", "run_case",
+    "proved_nothing", "rerun_command", "resolve_devices", "run_case",
 ]
 
 
@@ -35,10 +35,12 @@ class UsageError(ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    """An implementation under test: the name the user gave (its identity everywhere) and its adapter."""
+    """An implementation under test: the name the user gave (its identity everywhere), its
+    adapter, and whether the user named it (rather than 'all' bringing it in)."""
 
     name: str
     adapter: Any
+    explicit: bool = True
 
 
 @dataclass
@@ -119,7 +121,7 @@ def load_targets(values: Sequence[str] | str | None, *, allow_unsupported: bool 
     """
     names = impls.parse_impl_names(values, default=default)
     explicit = _explicit(values) or {default}
-    targets = [Target(name, impls.load(name)) for name in names]
+    targets = [Target(name, impls.load(name), name in explicit) for name in names]
     for target in targets:
         reason = _unavailable(target.adapter) if target.name in explicit else None
         if reason and not allow_unsupported:
@@ -172,6 +174,26 @@ def run_case(target: Target, case: Case, entries: Sequence[expectations_mod.Expe
         result = run(case, target.adapter, iterations, timeline=timeline, name=target.name)
     result.impl = target.name
     return CaseRun(result, judged_record(result, target, entries))
+
+
+def proved_nothing(targets: Sequence[Target], records: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per impl the user named whose selected cases were all unsupported or skipped: a
+    run that ran none of them proved nothing about it, so it must not pass."""
+    ran: dict[str, int] = {}
+    reasons: dict[str, dict[str, int]] = {}
+    for record in records:
+        if record["outcome"] in ("unsupported", "skipped"):
+            why = reasons.setdefault(record["impl"], {})
+            why[record.get("reason", "")] = why.get(record.get("reason", ""), 0) + 1
+        else:
+            ran[record["impl"]] = ran.get(record["impl"], 0) + 1
+    lines = []
+    for target in targets:
+        if target.explicit and not ran.get(target.name) and target.name in reasons:
+            top = max(reasons[target.name].items(), key=lambda item: item[1])[0]
+            total = sum(reasons[target.name].values())
+            lines.append(f"{target.name}: none of its {total} selected cases ran (e.g. {top})")
+    return lines
 
 
 def rerun_command(record: dict[str, Any]) -> str:

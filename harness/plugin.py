@@ -25,7 +25,7 @@ from . import expectations as expectations_mod
 from . import gpus, impls, isolation, shards
 from . import report as reporting
 from .cases import AXES, CaseError, Case, generate, parse_case_id
-from .execution import Target, UsageError, load_targets, resolve_devices, run_case
+from .execution import Target, UsageError, load_targets, proved_nothing, resolve_devices, run_case
 
 RESULT_PROPERTY = "harness_result"
 INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
@@ -212,6 +212,13 @@ class ReportCollector:
             return
         what = f", {interrupted}" if interrupted else ""
         self.line = f"harness report: {written} ({len(self.records)} cases{what})"
+        targets = list(self.config._harness_impls.values())  # type: ignore[attr-defined]
+        idle = [] if interrupted or self.config.getoption("allow_unsupported") else \
+            proved_nothing(targets, self.records.values())
+        if idle:
+            self.line += "".join(f"\nharness error: {line}" for line in idle)
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.line:
