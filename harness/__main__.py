@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     p_repro.add_argument("--all-streams", action="store_true",
                          help="show every stream in the timeline, not only those that diverge")
     p_repro.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_repro.add_argument("--allow-unsupported", action="store_true",
+                         help="run the impl even when its package cannot load (the case is unsupported)")
 
     p_bench = sub.add_parser("bench", help="measure speed and memory of one impl's default matrix")
     p_bench.add_argument("--impl", default="bundled")
@@ -92,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--cases", type=int, default=None, metavar="N",
                          help="cases to run in all, repeating the matrix (default: 1000 on cuda, one matrix on cpu)")
     p_bench.add_argument("--json", default="bench.json", metavar="FILE", help="where the figures go (default bench.json)")
+    p_bench.add_argument("--allow-unsupported", action="store_true",
+                         help="run the impl even when its package cannot load (every case unsupported)")
 
     report_cli.add_commands(sub, COMMANDS)
     return parser
@@ -160,13 +164,14 @@ class Progress:
     def update(self, record: dict[str, Any]) -> None:
         self.counts[record["verdict"]] += 1
         done = sum(self.counts.values())
+        note = f"\n    {record['verdict_note']}" if record.get("verdict_note") else ""
         if self.tty:
             print(f"\r[{done}/{self.total}] {self._counts()}\x1b[K", end="", flush=True)
             if record["verdict"] in ("fail", "stale"):
-                print(f"\r{record['verdict']:6} {record['outcome']:11} {record['impl']} {record['case_id']}\x1b[K")
+                print(f"\r{record['verdict']:6} {record['outcome']:11} {record['impl']} {record['case_id']}\x1b[K{note}")
         elif not self.quiet:
             print(f"[{done}/{self.total}] {record['verdict']:6} {record['outcome']:11} "
-                  f"{record['impl']} {record['case_id']}", flush=True)
+                  f"{record['impl']} {record['case_id']}{note}", flush=True)
 
     def finish(self, written: Path) -> None:
         if self.tty:
@@ -179,7 +184,7 @@ class Progress:
 def cmd_repro(args: argparse.Namespace) -> int:
     case = parse_case_id(args.case_id)
     check_selection([case], [case.device.value])
-    [target] = load_targets([args.impl])
+    [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
     entries = expectations_mod.load(args.expectations)
     if args.script:
         reporting.check_report_dir(Path(args.script).resolve().parent)
@@ -217,7 +222,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    [target] = load_targets([args.impl])
+    [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
     [device] = resolve_devices(args.device)[:1]
     total = args.cases if args.cases is not None else (1000 if device == "cuda" else len(list(generate(device=device))))
     if total < 1:

@@ -87,7 +87,7 @@ def serve(stderr_path: str) -> None:
         name = request["impl"]
         adapter = adapters[name] if name in adapters else adapters.setdefault(name, load(name))
         protocol.write(json.dumps({"started": True}) + "\n")  # the case's clock starts here
-        result = run(parse_case_id(request["case"]), adapter, request["iterations"]).to_dict()
+        result = run(parse_case_id(request["case"]), adapter, request["iterations"], name=name).to_dict()
         sticky = _sticky_cuda_error() if result["outcome"] != "pass" else None
         protocol.write(json.dumps({"result": result, "sticky": sticky}) + "\n")
         if sticky:

@@ -177,8 +177,8 @@ class ReportCollector:
         self.line = ""
         self.expected = 0  # harness cases collected: the n of "interrupted after k of n"
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        self.expected = _harness_ids([item.nodeid for item in items])
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.expected = _harness_ids([item.nodeid for item in session.items])  # after -k / -m
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:

@@ -123,3 +123,82 @@ class _Wordy:
 
 def make_not_an_adapter():
     return _Wordy()
+
+
+# --- adapters that break the contract in other ways (supports(), what checkpoint returns) ----------
+
+
+class DeclineAll(BundledAdapter):
+    """Declares every case unsupported; not one of the impls that must support everything."""
+
+    name = "decline-all"
+    must_support_all = False
+
+    def supports(self, case):
+        return "declines everything"
+
+
+def make_decline_all():
+    return DeclineAll()
+
+
+DECLINED_CASE = "reentrant-default-eager-flat-none-cpu"
+
+
+class BundledDecliningOne(BundledAdapter):
+    """The bundled checkpoint (must_support_all stays True) declaring one case unsupported."""
+
+    name = "bundled-declining-one"
+
+    def supports(self, case):
+        return "declined on purpose" if case.id == DECLINED_CASE else None
+
+
+def make_bundled_declining_one():
+    return BundledDecliningOne()
+
+
+class SupportsRaises(BundledAdapter):
+    name = "supports-raises"
+
+    def supports(self, case):
+        raise ValueError("bad supports")
+
+
+def make_supports_raises():
+    return SupportsRaises()
+
+
+class Exits(BundledAdapter):
+    name = "exits"
+
+    def checkpoint(self, fn, *args, reentrant, tracker):
+        raise SystemExit(3)
+
+
+def make_exits():
+    return Exits()
+
+
+class ReturnsTuple(BundledAdapter):
+    name = "returns-tuple"
+
+    def checkpoint(self, fn, *args, reentrant, tracker):
+        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+        return (out, out)
+
+
+def make_returns_tuple():
+    return ReturnsTuple()
+
+
+class ReturnsWrongShape(BundledAdapter):
+    name = "returns-wrong-shape"
+
+    def checkpoint(self, fn, *args, reentrant, tracker):
+        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+        return out[:1]
+
+
+def make_returns_wrong_shape():
+    return ReturnsWrongShape()

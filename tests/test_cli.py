@@ -2,20 +2,53 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.__main__ import main
+from harness.report import repro_command
 
 ROOT = Path(__file__).resolve().parent.parent
+PROCESS_LIMIT_S = 300  # a whole subprocess run, however loaded the machine; never a speed test
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p))  # faulty_adapters importable
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts what happens where no CUDA device is visible")
+
+
+def not_installed(module: str):
+    return pytest.mark.skipif(importlib.util.find_spec(module) is not None,
+                              reason=f"asserts what happens where {module} is not installed")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=PROCESS_LIMIT_S)
+
+
+def one_line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a refused command prints on stderr (asserting that it is one, without a traceback)."""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def records(report_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (report_dir / "results.jsonl").read_text().splitlines()]
+
+
+def attention(report_dir: Path) -> str:
+    """The "Needs attention" section of summary.md."""
+    text = (report_dir / "summary.md").read_text()
+    return text.split("## Needs attention", 1)[1].split("\n## ", 1)[0]
 
 
 @pytest.mark.parametrize(
@@ -73,3 +106,215 @@ def test_repro_exits_1_on_a_failing_case_and_0_on_a_passing_one(capsys):
     out = capsys.readouterr().out
     assert "recompute-mask s0 iteration 0: Mismatched elements:" in out
     assert main(["repro", "nonreentrant-tracked-eager-flat-none-cpu", "--impl", "bundled"]) == 0
+
+
+# --- what this machine cannot run is bad input: exit 2, one line ----------------------------------
+
+CUDA_CASE = "reentrant-default-eager-flat-none-cuda"
+CAPTURE_NEEDS_CUDA = "--capture single needs CUDA graphs, which need a CUDA device"
+
+
+@no_cuda
+@pytest.mark.parametrize(
+    "args, messages",
+    [
+        (["run", "--device", "cuda"], ["--device cuda: no CUDA device is visible"]),
+        (["repro", CUDA_CASE], [f"case {CUDA_CASE} needs a CUDA device"]),
+        (["bench", "--device", "cuda"], ["--device cuda: no CUDA device is visible"]),
+        (["run", "--capture", "single"], [CAPTURE_NEEDS_CUDA]),
+        (["run", "--capture", "single", "--device", "cpu"], [CAPTURE_NEEDS_CUDA]),
+    ],
+    ids=["run-cuda", "repro-cuda-case", "bench-cuda", "run-capture", "run-capture-cpu"],
+)
+def test_what_needs_cuda_is_bad_input_without_a_gpu(args, messages, tmp_path):
+    if args[0] == "run":
+        args = [*args, "--report-dir", str(tmp_path / "r")]
+    elif args[0] == "bench":
+        args = [*args, "--json", str(tmp_path / "bench.json")]
+    proc = cli(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_line(proc)
+    assert line.startswith("error: ")
+    for message in messages:
+        assert message in line
+    assert not (tmp_path / "r").exists() and not (tmp_path / "bench.json").exists()
+
+
+@not_installed("megatron")
+def test_run_of_a_named_impl_whose_package_is_missing_is_bad_input(tmp_path):
+    proc = cli("run", "--impl", "megatron", "--device", "cpu", "--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_line(proc)
+    assert "implementation 'megatron' cannot run here" in line and "No module named 'megatron'" in line
+    assert "--allow-unsupported" in line
+    assert not (tmp_path / "r").exists()
+
+
+@not_installed("transformer_engine")
+def test_repro_of_an_impl_whose_package_is_missing_is_bad_input():
+    proc = cli("repro", "reentrant-default-eager-flat-none-cpu", "--impl", "transformer-engine")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "implementation 'transformer-engine' cannot run here" in one_line(proc)
+
+
+# --- unsupported cells: allowed where asked for, listed in the report --------------------------------
+
+
+@not_installed("megatron")
+def test_allow_unsupported_runs_a_missing_package_and_the_report_lists_why(tmp_path):
+    proc = cli("run", "--impl", "megatron", "--allow-unsupported", "--device", "cpu", "--layout", "tracked",
+               "--report-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = records(tmp_path)
+    assert len(got) == 12 and {r["outcome"] for r in got} == {"unsupported"}
+    section = attention(tmp_path)
+    assert "Nothing" not in section
+    assert re.search(r"- megatron: 12 unsupported — megatron-core does not import .*"
+                     r"ModuleNotFoundError: No module named 'megatron' \(12\)", section), section
+
+
+@not_installed("megatron")
+@not_installed("transformer_engine")
+def test_impls_that_all_brought_in_may_be_unsupported(tmp_path):
+    proc = cli("run", "--impl", "all", "--device", "cpu", "--layout", "tracked", "--nesting", "flat",
+               "--interleave", "none", "--no-isolate", "-q", "--report-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    external = ("megatron", "megatron-graphsafe", "transformer-engine")
+    by_impl: dict[str, set[str]] = {}
+    for record in records(tmp_path):
+        by_impl.setdefault(record["impl"], set()).add(record["outcome"])
+    assert all(by_impl[name] == {"unsupported"} for name in external), by_impl
+    assert by_impl["bundled"] == {"pass"}
+    section = attention(tmp_path)
+    assert "Nothing" not in section
+    for name in external:
+        assert re.search(rf"^- {re.escape(name)}: 2 unsupported — .*does not import", section, re.M), section
+
+
+# --- an impl that ran none of its cases proved nothing -------------------------------------------------
+
+
+def test_an_impl_that_declines_every_case_fails_the_run_unless_allowed(tmp_path):
+    impl = "faulty_adapters:make_decline_all"
+    proc = cli("run", "--impl", impl, "--device", "cpu", "-q", "--report-dir", str(tmp_path / "a"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.fullmatch(rf"error: {impl}: none of its \d+ selected cases ran \(e\.g\. declines everything\)\n",
+                        proc.stderr), proc.stderr
+    assert {r["outcome"] for r in records(tmp_path / "a")} == {"unsupported"}
+    allowed = cli("run", "--impl", impl, "--device", "cpu", "-q", "--allow-unsupported",
+                  "--report-dir", str(tmp_path / "b"))
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert "none of its" not in allowed.stderr
+
+
+def test_bundled_like_impls_must_support_every_case(tmp_path):
+    impl = "faulty_adapters:make_bundled_declining_one"
+    proc = cli("run", "--impl", impl, "--device", "cpu", "--layout", "default", "--nesting", "flat",
+               "--report-dir", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    got = {r["case_id"]: r for r in records(tmp_path)}
+    assert len(got) == 4
+    declined = got["reentrant-default-eager-flat-none-cpu"]
+    assert (declined["outcome"], declined["verdict"]) == ("unsupported", "fail")
+    assert declined["verdict_note"].startswith(f"{impl} must support every valid case")
+    assert declined["verdict_note"].endswith(": declined on purpose")
+    assert {r["verdict"] for cid, r in got.items() if cid != declined["case_id"]} == {"pass"}
+
+
+# --- expectations: wrong failures, known failures, stale entries ----------------------------------------
+
+RAISE = "faulty_adapters:make_raise"
+RAISE_CASE = "reentrant-tracked-eager-flat-none-cpu"
+EXPECT_MISMATCH = f'[[expect]]\nimpl = "{RAISE}"\ncases = ["*"]\nreason = "expects the default outcome"\n'
+EXPECT_ERROR = (f'[[expect]]\nimpl = "{RAISE}"\ncases = ["*"]\noutcome = "error"\nmessage = "raised on purpose"\n'
+                'reason = "raises on purpose"\n')
+EXPECT_STALE = ('[[expect]]\nimpl = "bundled"\ncases = ["reentrant-default-eager-flat-none-cpu"]\n'
+                'reason = "bundled passes this: the entry is stale"\n')
+
+
+def expectations_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "expectations.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_failure_other_than_the_expected_one_is_a_wrong_failure(tmp_path):
+    proc = cli("run", "--impl", RAISE, "--case", RAISE_CASE, "--no-isolate", "--report-dir", str(tmp_path / "r"),
+               "--expectations", str(expectations_file(tmp_path, EXPECT_MISMATCH)))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [record] = records(tmp_path / "r")
+    assert (record["outcome"], record["verdict"]) == ("error", "fail")
+    assert record["verdict_note"].startswith(
+        "wrong failure: expected mismatch, got error: RuntimeError: faulty adapter: raised on purpose")
+    assert record["impl"] == RAISE  # the name given on the command line, not the adapter's own
+    assert "wrong failure: expected mismatch" in (tmp_path / "r" / "summary.md").read_text()
+
+
+def test_the_rerun_line_of_a_record_reproduces_it(tmp_path):
+    proc = cli("run", "--impl", RAISE, "--case", RAISE_CASE, "--no-isolate", "-q", "--report-dir", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [record] = records(tmp_path)
+    command = repro_command(record)
+    assert command == f"python -m harness repro {RAISE_CASE} --impl {RAISE}"
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "harness"]
+    rerun = cli(*argv[3:])
+    assert rerun.returncode == 1, rerun.stdout + rerun.stderr
+    assert rerun.stdout.startswith(f"{RAISE} {RAISE_CASE}: error (")
+    assert "RuntimeError: faulty adapter: raised on purpose" in rerun.stdout
+
+
+def test_the_expected_failure_is_an_xfail(tmp_path):
+    proc = cli("run", "--impl", RAISE, "--case", RAISE_CASE, "--no-isolate", "--report-dir", str(tmp_path / "r"),
+               "--expectations", str(expectations_file(tmp_path, EXPECT_ERROR)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [record] = records(tmp_path / "r")
+    assert (record["outcome"], record["verdict"], record["impl"]) == ("error", "xfail", RAISE)
+
+
+def test_a_stale_expectation_fails_the_run(tmp_path):
+    proc = cli("run", "--impl", "bundled", "--case", "reentrant-default-eager-flat-none-cpu", "--no-isolate",
+               "--report-dir", str(tmp_path / "r"), "--expectations", str(expectations_file(tmp_path, EXPECT_STALE)))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"^\[1/1\] stale\s+pass\s+bundled reentrant-default-eager-flat-none-cpu$", proc.stdout, re.M)
+    [record] = records(tmp_path / "r")
+    assert (record["outcome"], record["verdict"]) == ("pass", "stale")
+    assert record["verdict_note"].startswith("stale: expected mismatch, but the case passed")
+    assert "stale: expected mismatch, but the case passed" in (tmp_path / "r" / "summary.md").read_text()
+
+
+# --- adapter faults are results, not crashes -----------------------------------------------------------
+
+FAULT_CASE = "reentrant-default-eager-flat-none-cpu"
+ADAPTER_FAULTS = {  # impl as given -> the start of its error line
+    "faulty_adapters:make_supports_raises":
+        "AdapterFault: adapter 'faulty_adapters:make_supports_raises': supports() raised ValueError: bad supports",
+    "faulty_adapters:make_exits": "SystemExit: 3",
+    "faulty_adapters:make_returns_tuple":
+        "AdapterFault: adapter 'faulty_adapters:make_returns_tuple': checkpoint returned tuple (",
+    "faulty_adapters:make_returns_wrong_shape":
+        "AdapterFault: adapter 'faulty_adapters:make_returns_wrong_shape': checkpoint returned a torch.float32 "
+        "tensor of shape (1, 64) on cpu, expected a torch.float32 tensor of shape (64, 64) on cpu",
+}
+
+
+def test_adapter_faults_are_error_results_naming_the_adapter_as_given(tmp_path):
+    proc = cli("run", "--no-isolate", "--case", FAULT_CASE, "--impl", ",".join(ADAPTER_FAULTS), "-q",
+               "--report-dir", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    got = {r["impl"]: r for r in records(tmp_path)}
+    assert got.keys() == ADAPTER_FAULTS.keys()
+    for impl, error in ADAPTER_FAULTS.items():
+        assert (got[impl]["outcome"], got[impl]["verdict"]) == ("error", "fail"), impl
+        assert got[impl]["error"].startswith(error), got[impl]["error"]
+        assert "\n" not in got[impl]["error"]
+
+
+def test_an_isolated_case_names_the_adapter_as_given_too(tmp_path):
+    impl = "faulty_adapters:make_returns_tuple"
+    proc = cli("run", "--case", FAULT_CASE, "--impl", impl, "-q", "--report-dir", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [record] = records(tmp_path)
+    assert (record["impl"], record["outcome"]) == (impl, "error")
+    assert record["error"].startswith(ADAPTER_FAULTS[impl]), record["error"]

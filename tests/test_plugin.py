@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
+PROCESS_LIMIT_S = 300  # a whole nested pytest run, however loaded the machine; never a speed test
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p))  # faulty_adapters importable
+NO_RANDOMLY = ("-p", "no:randomly") if importlib.util.find_spec("pytest_randomly") else ()
 
 
 def pytest_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "cases", "-q", "-p", "no:cacheprovider", *args],
-                          cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "pytest", "cases", "-q", "-p", "no:cacheprovider", *NO_RANDOMLY,
+                           *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=PROCESS_LIMIT_S)
 
 
 def records(report_dir: Path) -> dict[tuple[str, str], dict]:
@@ -20,8 +30,8 @@ def records(report_dir: Path) -> dict[tuple[str, str], dict]:
     return {(r["impl"], r["case_id"]): r for r in map(json.loads, lines)}
 
 
-def test_unknown_impl_is_one_line_and_exit_2():
-    proc = pytest_run("--impl", "nope")
+def test_unknown_impl_is_one_line_and_exit_2(tmp_path):
+    proc = pytest_run("--impl", "nope", "--report-dir", str(tmp_path))
     assert proc.returncode == 2
     assert "error: unknown implementation 'nope'" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -57,3 +67,160 @@ def test_xdist_workers_and_a_single_process_give_the_same_report(tmp_path):
         assert (a[key]["outcome"], a[key]["verdict"], a[key]["mismatches"]) == \
                (b[key]["outcome"], b[key]["verdict"], b[key]["mismatches"]), key
     assert {r["worker"] for r in b.values()} == {"gw0", "gw1"}
+
+
+def failures(stdout: str) -> dict[str, str]:
+    """pytest's failure sections by test parameter id ('<impl>-<case id>')."""
+    parts = re.split(r"^_+ test_case\[(.+?)\] _+$", stdout, flags=re.M)
+    return {parts[i]: parts[i + 1].split("\n= ", 1)[0] for i in range(1, len(parts) - 1, 2)}
+
+
+# --- bad input: exit 2, one line, no INTERNALERROR ----------------------------------------------------
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess, message: str) -> None:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-2000:]
+    assert "INTERNALERROR" not in output and "Traceback" not in output, output[-2000:]
+    assert output.count("\n") == 1 and output.count("error:") == 1, output
+    assert message in output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts what happens where no CUDA device is visible")
+def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(tmp_path):
+    proc = pytest_run("--device", "cuda", "--report-dir", str(tmp_path / "r"))
+    assert_one_error_line(proc, "--device cuda: no CUDA device is visible")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is not None, reason="megatron-core is installed")
+def test_a_named_impl_whose_package_is_missing_is_exit_2(tmp_path):
+    proc = pytest_run("--impl", "megatron", "--report-dir", str(tmp_path / "r"))
+    assert_one_error_line(proc, "implementation 'megatron' cannot run here")
+    assert "--allow-unsupported" in proc.stderr
+
+
+def test_an_impl_module_that_raises_at_import_is_one_line_and_exit_2(tmp_path):
+    proc = pytest_run("--impl", "broken_import_adapter:factory", "--report-dir", str(tmp_path / "r"))
+    assert_one_error_line(proc, "cannot import 'broken_import_adapter' for implementation "
+                                "'broken_import_adapter:factory': RuntimeError: boom while importing the adapter")
+
+
+# --- impls that ran nothing; impls that must support everything ----------------------------------------
+
+
+def test_an_impl_that_declines_every_case_fails_the_run_unless_allowed(tmp_path):
+    impl = "faulty_adapters:make_decline_all"
+    proc = pytest_run("--impl", impl, "--device", "cpu", "--report-dir", str(tmp_path / "a"))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    assert re.search(rf"^harness error: {impl}: none of its \d+ selected cases ran \(e\.g\. declines everything\)$",
+                     proc.stdout, re.M), proc.stdout[-2000:]
+    assert "INTERNALERROR" not in proc.stdout + proc.stderr
+    allowed = pytest_run("--impl", impl, "--device", "cpu", "--allow-unsupported", "--report-dir", str(tmp_path / "b"))
+    assert allowed.returncode == 0, allowed.stdout[-2000:] + allowed.stderr
+    assert "harness error" not in allowed.stdout
+
+
+def test_bundled_like_impls_must_support_every_case(tmp_path):
+    impl = "faulty_adapters:make_bundled_declining_one"
+    proc = pytest_run("--impl", impl, "--device", "cpu", "-m", "default and flat", "--report-dir", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "1 failed, 3 passed" in proc.stdout
+    failed = failures(proc.stdout)
+    assert list(failed) == [f"{impl}-reentrant-default-eager-flat-none-cpu"]
+    assert f"{impl} must support every valid case" in failed[f"{impl}-reentrant-default-eager-flat-none-cpu"]
+
+
+# --- expectations: wrong failures, known failures, stale entries ----------------------------------------
+
+RAISE = "faulty_adapters:make_raise"
+RAISE_K = "make_raise-reentrant-tracked-eager-flat-none"  # the one case: the impl prefix keeps nonreentrant out
+EXPECT_MISMATCH = f'[[expect]]\nimpl = "{RAISE}"\ncases = ["*"]\nreason = "expects the default outcome"\n'
+EXPECT_ERROR = (f'[[expect]]\nimpl = "{RAISE}"\ncases = ["*"]\noutcome = "error"\nmessage = "raised on purpose"\n'
+                'reason = "raises on purpose"\n')
+EXPECT_STALE = ('[[expect]]\nimpl = "bundled"\ncases = ["reentrant-default-eager-flat-none-cpu"]\n'
+                'reason = "bundled passes this: the entry is stale"\n')
+
+
+def expectations_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "expectations.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_failure_other_than_the_expected_one_is_a_wrong_failure(tmp_path):
+    proc = pytest_run("--impl", RAISE, "--expectations", str(expectations_file(tmp_path, EXPECT_MISMATCH)),
+                      "-k", RAISE_K, "--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "1 failed" in proc.stdout
+    [failed] = failures(proc.stdout).values()
+    assert "wrong failure: expected mismatch, got error: RuntimeError: faulty adapter: raised on purpose" in failed
+    assert f"rerun: python -m harness repro reentrant-tracked-eager-flat-none-cpu --impl {RAISE}" in failed
+    [record] = records(tmp_path / "r").values()
+    assert (record["impl"], record["verdict"]) == (RAISE, "fail")
+
+
+def test_the_expected_failure_is_an_xfail(tmp_path):
+    proc = pytest_run("--impl", RAISE, "--expectations", str(expectations_file(tmp_path, EXPECT_ERROR)),
+                      "-k", RAISE_K, "--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "1 xfailed" in proc.stdout and "failed" not in proc.stdout.replace("xfailed", "")
+    [record] = records(tmp_path / "r").values()
+    assert (record["impl"], record["verdict"]) == (RAISE, "xfail")
+
+
+def test_a_stale_expectation_fails_the_run(tmp_path):
+    proc = pytest_run("--impl", "bundled", "--expectations", str(expectations_file(tmp_path, EXPECT_STALE)),
+                      "-k", "bundled-reentrant-default-eager-flat-none-cpu", "--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    [failed] = failures(proc.stdout).values()
+    assert "stale: expected mismatch, but the case passed" in failed
+
+
+# --- adapter faults fail their test, they do not crash pytest ---------------------------------------------
+
+ADAPTER_FAULTS = {  # impl as given -> what its failure says
+    "faulty_adapters:make_supports_raises":
+        "AdapterFault: adapter 'faulty_adapters:make_supports_raises': supports() raised ValueError: bad supports",
+    "faulty_adapters:make_exits": "SystemExit: 3",
+    "faulty_adapters:make_returns_tuple":
+        "AdapterFault: adapter 'faulty_adapters:make_returns_tuple': checkpoint returned tuple (",
+    "faulty_adapters:make_returns_wrong_shape":
+        "AdapterFault: adapter 'faulty_adapters:make_returns_wrong_shape': checkpoint returned a torch.float32 "
+        "tensor of shape (1, 64) on cpu, expected a torch.float32 tensor of shape (64, 64) on cpu",
+}
+
+
+def test_adapter_faults_fail_their_tests_with_the_fault(tmp_path):
+    case = "reentrant-default-eager-flat-none-cpu"
+    proc = pytest_run("--impl", ",".join(ADAPTER_FAULTS), "--device", "cpu",
+                      "-k", f"{case} and not nonreentrant", "--report-dir", str(tmp_path))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert "INTERNALERROR" not in output
+    assert f"{len(ADAPTER_FAULTS)} failed" in proc.stdout
+    failed = failures(proc.stdout)
+    assert failed.keys() == {f"{impl}-{case}" for impl in ADAPTER_FAULTS}
+    for impl, message in ADAPTER_FAULTS.items():
+        assert f"{impl} {case}: error (fail)\n{message}" in failed[f"{impl}-{case}"], failed[f"{impl}-{case}"]
+
+
+# --- markers select exact axis values; -k matches substrings ---------------------------------------------
+
+
+def collected(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    return re.findall(r"^cases/test_matrix\.py::test_case\[(.+)\]$", proc.stdout, re.M)
+
+
+def test_axis_markers_select_exactly_those_cells_where_k_would_not(tmp_path):
+    by_marker = collected(pytest_run("--impl", "bundled", "--device", "cpu", "-m", "tracked and nested",
+                                     "--collect-only", "--report-dir", str(tmp_path / "m")))
+    assert sorted(by_marker) == sorted(f"bundled-{mode}-tracked-eager-nested-{interleave}-cpu"
+                                       for mode in ("reentrant", "nonreentrant") for interleave in ("none", "draws"))
+    by_keyword = collected(pytest_run("--impl", "bundled", "--device", "cpu", "-k", "tracked and nested",
+                                      "--collect-only", "--report-dir", str(tmp_path / "k")))
+    assert set(by_marker) < set(by_keyword)
+    assert sorted(set(by_keyword) - set(by_marker)) == sorted(
+        f"bundled-{mode}-untracked-eager-nested-{interleave}-cpu"
+        for mode in ("reentrant", "nonreentrant") for interleave in ("none", "draws"))
