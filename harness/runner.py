@@ -212,6 +212,10 @@ def _execute(case: Case, iterations: int, timeline: list | None, *args: Any) -> 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    if isinstance(value, (tuple, list, dict)):
+        items = value.values() if isinstance(value, dict) else value
+        kinds = ", ".join(type(item).__name__ for item in list(items)[:4])
+        return f"a {type(value).__name__} of {len(value)} ({kinds}{', ...' if len(value) > 4 else ''})"
     text = repr(value)
     return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
 
