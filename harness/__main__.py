@@ -21,10 +21,11 @@ from . import report as reporting
 from . import repro_script, timeline
 from .report import cli as report_cli
 from .cases import AXES, Capture, CaseError, Case, generate, parse_case_id
-from .execution import UsageError, check_selection, load_targets, proved_nothing, resolve_devices, run_case
+from .execution import (
+    INTERRUPTED, UsageError, check_selection, load_targets, proved_nothing, resolve_devices, run_case,
+)
 from .report.cli import UsageFailure  # one class for every subcommand's bad input
 
-INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:

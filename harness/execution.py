@@ -23,7 +23,10 @@ from . import impls
 from .cases import Case, Capture, Device
 from .runner import ITERATIONS, CaseResult, run
 
+INTERRUPTED = 130  # exit status after Ctrl-C: the shell's status for a process ended by SIGINT
+
 __all__ = [
+    "INTERRUPTED",
     "CaseRun", "Target", "UsageError", "check_selection", "cuda_visible", "load_targets",
     "proved_nothing", "rerun_command", "resolve_devices", "run_case",
 ]

@@ -25,10 +25,11 @@ from . import expectations as expectations_mod
 from . import gpus, impls, isolation, shards
 from . import report as reporting
 from .cases import AXES, CaseError, Case, generate, parse_case_id
-from .execution import Target, UsageError, load_targets, proved_nothing, resolve_devices, run_case
+from .execution import (
+    INTERRUPTED, Target, UsageError, load_targets, proved_nothing, resolve_devices, run_case,
+)
 
 RESULT_PROPERTY = "harness_result"
-INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
 AXIS_MARKERS = tuple(dict.fromkeys(value.value for enum_type in AXES.values() for value in enum_type))
 
 

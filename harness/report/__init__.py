@@ -52,7 +52,7 @@ __all__ = [
     "VERDICTS", "ReportError", "RunModel", "append_step_summary", "build", "check_report_dir",
     "default_report_dir", "env_key", "environment", "expectation_problems", "junit_properties",
     "matrix_markdown", "mismatches_frame", "record_key", "record_verdict", "render", "repro_command",
-    "results_frame", "status", "step_summary_markdown", "summary_markdown", "unmatched_entries", "verdict",
+    "results_frame", "status", "step_summary_markdown", "summary_markdown", "verdict",
     "write",
 ]
 
@@ -106,25 +106,12 @@ def check_report_dir(path: "str | Path") -> None:
         raise ReportError(f"report directory {path} is unusable: {existing} is not writable")
 
 
-def unmatched_entries(expectations: Iterable[Expectation]) -> list[str]:
-    """Expectation entries that match no generated case, one line each ("cases match no case: ...")."""
-    from .. import expectations as expectations_mod
-    from ..cases import generate
-
-    return [f"cases match no case: {e.describe()}"
-            for e in expectations_mod.unmatched(list(expectations), [c.id for c in generate()])]
-
-
 def expectation_problems(expectations: Iterable[Expectation]) -> list[str]:
     """One line per expectation entry that can never apply: its cases match no case, or its impl
-    names no known implementation (`harness.expectations.entry_problems`, where that exists;
-    otherwise only entries that match no case)."""
-    from .. import expectations as expectations_mod
+    names no known implementation (`harness.expectations.entry_problems`)."""
+    from ..expectations import entry_problems
 
-    entry_problems = getattr(expectations_mod, "entry_problems", None)
-    if entry_problems is None:
-        return unmatched_entries(expectations)
-    return list(entry_problems(list(expectations)))
+    return entry_problems(list(expectations))
 
 
 def summary_markdown(records: Sequence[dict[str, Any]], env: Mapping[str, Any] | None = None, *,
