@@ -274,17 +274,15 @@ def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = Fa
     """
     start = time.perf_counter()
     name = name or getattr(impl, "name", "?")
+    fault = None
     try:
         version = getattr(impl, "version", None)
-    except (Exception, SystemExit) as exc:
-        version = None
-        failure: BaseException | None = exc
-    else:
-        failure = None
+    except (Exception, SystemExit) as exc:  # reported as the case's error below
+        version, fault = None, AdapterFault(f"adapter {name!r}: version raised {type(exc).__name__}: {exc}")
     result = CaseResult(case, name, Outcome.PASS, impl_version=version, iterations=iterations)
     try:
-        if failure is not None:
-            raise AdapterFault(f"adapter {name!r}: version raised {type(failure).__name__}: {failure}")
+        if fault is not None:
+            raise fault
         skip = environment_skip(case)
         unsupported = None if skip else _declared_unsupported(impl, name, case)
         if skip or unsupported:

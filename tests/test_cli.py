@@ -318,3 +318,15 @@ def test_an_isolated_case_names_the_adapter_as_given_too(tmp_path):
     [record] = records(tmp_path)
     assert (record["impl"], record["outcome"]) == (impl, "error")
     assert record["error"].startswith(ADAPTER_FAULTS[impl]), record["error"]
+
+
+def test_the_command_line_does_not_import_pytest(tmp_path):
+    probe = ("import runpy, sys\n"
+             f"sys.argv = ['harness', 'run', '--device', 'cpu', '--layout', 'default', '--nesting', 'flat',"
+             f" '--no-isolate', '-q', '--report-dir', {str(tmp_path)!r}]\n"
+             "try:\n    runpy.run_module('harness', run_name='__main__')\nexcept SystemExit as exc:\n"
+             "    print('exit', exc.code)\n"
+             "print('pytest imported:', any(m == 'pytest' or m.startswith('_pytest') for m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "exit 0" in proc.stdout, proc.stdout + proc.stderr
+    assert "pytest imported: False" in proc.stdout
