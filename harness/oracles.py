@@ -115,18 +115,25 @@ def outputs(ref: RunRecord, ck: RunRecord, names: list[str], it: int, checks: Ch
     _same_records("output", ref, ck, names, it, checks, "outputs")
 
 
-def recompute_masks(ck: RunRecord, sites: list[str], it: int, checks: Checks) -> None:
-    """Oracle 2: every recompute of a checkpointed site redraws its forward mask exactly."""
+def recompute_masks(ck: RunRecord, sites: list[str], it: int, checks: Checks,
+                    output_names: Sequence[str] = ()) -> None:
+    """Oracle 2: every recompute of a checkpointed site redraws its forward draws exactly, in
+    order (a site drawn k times per forward is recomputed in runs of k); a site never recomputed,
+    or drawn in a recompute but never in the forward, is a failure too."""
     for site in sites:
         forward, recomputes = ck.draws(it, site, FORWARD), ck.draws(it, site, RECOMPUTE)
         if not recomputes:
             checks.add(Mismatch("recompute-mask", site, it, 0, 0, detail="the site was never recomputed"))
             continue
-        if len(forward) != 1:
-            continue  # already reported by the forward-mask oracle
+        if not forward:
+            continue  # reported by the forward-mask oracle (a count mismatch)
         for n, mask in enumerate(recomputes, start=1):
             subject = site if len(recomputes) == 1 else f"{site} (recompute {n} of {len(recomputes)})"
-            checks.compare(mask, forward[0], "recompute-mask", subject, it)
+            checks.compare(mask, forward[(n - 1) % len(forward)], "recompute-mask", subject, it)
+    for name in ck.names(it, RECOMPUTE):
+        if name not in sites and name not in output_names and not ck.draws(it, name, FORWARD):
+            checks.add(Mismatch("recompute-mask", name, it, 0, 0,
+                                detail="drawn in a recompute but never in the forward"))
 
 
 def gradients(ref: RunRecord, ck: RunRecord, it: int, checks: Checks) -> None:
@@ -183,7 +190,7 @@ def check(ref: RunRecord, ck: RunRecord, sites: list[str], iterations: int,
     checks = Checks()
     for it in range(iterations):
         forward_masks(ref, ck, sites, it, checks, output_names or [])
-        recompute_masks(ck, sites, it, checks)
+        recompute_masks(ck, sites, it, checks, output_names or [])
         gradients(ref, ck, it, checks)
         live_streams(ref, ck, it, checks)
         outputs(ref, ck, output_names or [], it, checks)

@@ -229,6 +229,26 @@ def test_recompute_mask_second_of_two_recomputes_differs():
     assert (m.count, m.first_index) == (1, (0, 3))
 
 
+def test_recompute_mask_a_site_drawn_twice_per_forward_is_recomputed_in_order():
+    ref, ck = make_pair()
+    for record in (ref, ck):  # the site draws twice in each forward, and is recomputed so
+        twice = [_mask(0, "s0"), _mask(1, "s1")]
+        record.log.masks[(0, "s0", FORWARD)] = [t.clone() for t in twice]
+        if record is ck:
+            record.log.masks[(0, "s0", RECOMPUTE)] = [t.clone() for t in twice]
+    assert run_check(ref, ck) == []
+    flip(ck.log.masks[(0, "s0", RECOMPUTE)][1], (1, 1))
+    m = one(run_check(ref, ck), "recompute-mask", "s0 (recompute 2 of 2)", 0)
+    assert (m.count, m.first_index) == (1, (1, 1))
+
+
+def test_recompute_mask_a_draw_only_in_the_recompute():
+    ref, ck = make_pair()
+    ck.log.masks[(0, "s9", RECOMPUTE)] = [_mask(0, "s0")]
+    m = one(run_check(ref, ck), "recompute-mask", "s9", 0)
+    assert m.detail == "drawn in a recompute but never in the forward"
+
+
 # ---------------------------------------------------------------------------------- gradient
 
 
