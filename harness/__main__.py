@@ -27,7 +27,6 @@ from .execution import (
 from .report.cli import UsageFailure  # one class for every subcommand's bad input
 
 
-
 def _add_filters(parser: argparse.ArgumentParser) -> None:
     for axis, enum_type in AXES.items():
         if axis == "device":
@@ -52,7 +51,8 @@ def _selected_cases(args: argparse.Namespace, runnable: bool = True) -> list[Cas
     cases = list(generate(**filters))
     if not runnable:
         return cases
-    captures = [Capture(v.strip()) for v in (args.capture or "").split(",") if v.strip() in Capture._value2member_map_]
+    known = {c.value for c in Capture}  # unknown values were refused by generate() above
+    captures = [Capture(v.strip()) for v in (args.capture or "").split(",") if v.strip() in known]
     check_selection(cases, filters["device"], captures)
     return cases
 
