@@ -36,6 +36,7 @@ class RunRecord:
     objects_before: dict[str, object] = field(default_factory=dict)
     objects: dict[int, dict[str, object]] = field(default_factory=dict)
     watch: DrawWatch = field(default_factory=DrawWatch)
+    alias_problem: str = ""  # shared layout, reference run: why the alias is no alias ('' if it is)
 
     def draws(self, iteration: int, site: str, phase: str) -> list[torch.Tensor]:
         return self.log.masks.get((iteration, site, phase), [])

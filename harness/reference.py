@@ -8,7 +8,9 @@ tracked layout "pass" without a single tracked draw.  Before comparing, the harn
   (seen on every eager draw; draws inside a CUDA-graph capture are not watched);
 * every site on the default generator advanced it;
 * every site drew in every iteration, and no mask is all-zero or all-one (p = 0.5 on thousands
-  of elements: either means the op did not draw).
+  of elements: either means the op did not draw);
+* in the shared layout, a draw through the alias advances the stream it aliases (a tracker whose
+  `add_alias` makes a copy would make the alias checks true by construction).
 
 A failed check is a `ReferenceCheckError` naming the adapter: the case is an ``error``, never a pass.
 """
@@ -71,6 +73,7 @@ def check_reference(record: RunRecord, site_streams: Mapping[str, str | None], i
                     device: str, impl: str) -> None:
     """Raise `ReferenceCheckError` when the reference run of `impl` did not draw as its case says."""
     problems = _stream_problems(record, site_streams, device)
+    problems += [record.alias_problem] if record.alias_problem else []
     problems += _mask_problems(record, list(site_streams), iterations)
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""

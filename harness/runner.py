@@ -23,6 +23,7 @@ from .workload import (
     MaskLog,
     Tensors,
     Workload,
+    alias_problem,
     make_tracker_streams,
 )
 
@@ -152,6 +153,8 @@ class RunSession:
         self.record = RunRecord(MaskLog(), objects_before=stream_objects(self.tracker))
         checkpoint = checkpoint_with(self.tracker) if checkpoint_with else None
         watch = self.record.watch if checkpoint is None else None  # the reference is checked
+        if checkpoint is None and case.layout is Layout.SHARED and self.tracker is not None:
+            self.record.alias_problem = alias_problem(self.tracker, device)
         self.workload = Workload(case, device, self.tracker, self.weights, checkpoint, self.record.log, watch)
 
     def reseed(self) -> None:

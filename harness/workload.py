@@ -161,6 +161,31 @@ class MaskLog:
             self.masks[(iteration, site, phase)] = [b.clone() for b in buffers]
 
 
+def alias_problem(tracker: Any, device: torch.device) -> str:
+    """'' when a draw through the shared layout's alias advances the alias and the stream it
+    aliases (a real alias is one state object); else what went wrong: the fork did not switch to
+    the alias at all, or the alias is a copy.  Every state the probe touches is put back."""
+    from .streams import _state_value
+
+    alias, name = SHARED_STREAMS[1], SHARED_STREAMS[0]
+    default = default_generator(device)
+    before, default_before = tracker.get_states(), default.get_state()
+    try:
+        with tracker.fork(alias):
+            torch.rand(1, device=device)
+        after = tracker.get_states()
+    finally:
+        tracker.set_states(before)
+        default.set_state(default_before)
+    moved = {n: not torch.equal(_state_value(before[n]), _state_value(after[n])) for n in (alias, name)}
+    if not moved[alias]:
+        return f"tracker fork({alias!r}) did not switch streams: a draw through it left {alias!r} where it was"
+    if not moved[name]:
+        return (f"tracker alias {alias!r} does not share the state of {name!r}: a draw through it left "
+                f"{name!r} where it was (add_alias made a copy)")
+    return ""
+
+
 @dataclass
 class DrawWatch:
     """Per site, for each eager draw: (advanced the device's default generator, advanced the

@@ -52,6 +52,7 @@ EXPECTED: dict[str, Expected] = {
     "neg-wrong-output": lambda case: mismatch("output"),
     "neg-replace-streams": lambda case: None if case.layout is Layout.UNTRACKED else mismatch("identity"),
     "neg-inert-fork": lambda case: ("error", frozenset()) if case.layout in TRACKER_LAYOUTS else None,
+    "neg-copied-alias": lambda case: ("error", frozenset()) if case.layout is Layout.SHARED else None,
 }
 # Where each control's failure is exactly its own oracle (nothing else fires): with that oracle
 # switched off, the control would pass these cells, so they prove the oracle can fail.
@@ -232,3 +233,12 @@ def test_capture_only_controls_are_shipped_controls():
 
 def test_expectations_name_only_shipped_impls():
     assert set(EXPECTED_MISMATCH) <= set(impls.BUILTIN)
+
+
+def test_a_copied_alias_is_a_reference_error_naming_the_adapter():
+    for case in CPU_CASES:
+        result = results("neg-copied-alias")[case.id]
+        if case.layout is Layout.SHARED:
+            assert result.error.startswith(
+                "ReferenceCheckError: reference check failed for impl 'neg-copied-alias': tracker alias "
+                "'shared-b' does not share the state of 'shared-a'"), result.error

@@ -113,3 +113,9 @@ def test_one_line_per_site_and_a_count_of_the_rest():
     record.log.masks[(0, "s0", FORWARD)] = [torch.zeros(8, 8, dtype=torch.bool)]
     message = fails_with(record, "site s0 on the default generator (cpu) did not advance it")
     assert message.endswith("(+2 more)"), message  # s1's stream, s0's all-zero mask
+
+
+def test_an_alias_that_does_not_share_its_stream():
+    record = make_reference()
+    record.alias_problem = "tracker alias 'shared-b' does not share the state of 'shared-a': ..."
+    fails_with(record, "tracker alias 'shared-b' does not share the state of 'shared-a'")

@@ -197,6 +197,21 @@ class InertForkTracker(RNGStatesTracker):
         yield
 
 
+class CopiedAliasTracker(RNGStatesTracker):
+    """A tracker whose `add_alias` makes a second stream with a copy of the state, not an alias."""
+
+    def add_alias(self, alias: str, name: str) -> None:
+        self.add(alias, 0).set_state(self._stream(name).get_state())
+
+
+class CopiedAliasAdapter(BundledAdapter):
+    """Bug: its tracker's aliases are copies.  The shared layout's alias checks would hold by
+    construction; the reference check refuses such a tracker."""
+
+    def make_tracker(self, device: Any) -> Any:
+        return CopiedAliasTracker(device)
+
+
 class InertForkAdapter(BundledAdapter):
     """Bug: its tracker's `fork()` does nothing.  A checkpoint that saves only the default
     generator then passes the tracked layouts vacuously; the reference check makes them errors."""
@@ -236,3 +251,7 @@ def make_replace_streams() -> Adapter:
 
 def make_inert_fork() -> Adapter:
     return _variant(InertForkAdapter, "neg-inert-fork", "its tracker's fork() does nothing")
+
+
+def make_copied_alias() -> Adapter:
+    return _variant(CopiedAliasAdapter, "neg-copied-alias", "its tracker's add_alias makes a copy")
