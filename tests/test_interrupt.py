@@ -26,6 +26,13 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
     p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p))  # faulty_adapters importable
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default.  A job that a non-interactive shell
+    starts in the background (as a CI runner may run this suite) inherits SIGINT ignored, and a
+    Python started with SIGINT ignored never raises KeyboardInterrupt: Ctrl-C could not be tested."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Watched:
     """A subprocess (in a process group of its own, so that whatever it leaves behind can be killed)
     whose stdout is read as it comes; stderr goes to a file."""
@@ -34,7 +41,7 @@ class Watched:
         self._stderr_path = stderr
         with open(stderr, "w") as err:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=err,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_default_sigint)
         self._chunks: list[bytes] = []
         self._lock = threading.Condition()
         self._eof = False
