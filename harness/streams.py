@@ -68,10 +68,10 @@ def identity_mismatches(before: dict[str, Any], after: dict[str, Any], iteration
     out = []
     for name, obj in before.items():
         if name not in after:
-            out.append(Mismatch("identity", name, iteration, 1, 1, detail="the name no longer resolves"))
+            out.append(Mismatch("identity", name, iteration, 0, 0, detail="the name no longer resolves"))
         elif after[name] is not obj:
             out.append(Mismatch(
-                "identity", name, iteration, 1, 1,
+                "identity", name, iteration, 0, 0,
                 detail="resolves to another generator object than before the run (replaced, not "
                        "rewound in place)",
             ))
@@ -101,7 +101,7 @@ def compare_streams(got: StreamSnapshot, expected: StreamSnapshot, iteration: in
     for name in sorted(set(got.states) | set(expected.states)):
         if name not in got.states or name not in expected.states:
             where = "checkpointed run" if name not in got.states else "reference run"
-            out.append(Mismatch("live-stream", name, iteration, 1, 1, detail=f"missing in {where}"))
+            out.append(Mismatch("live-stream", name, iteration, 0, 0, detail=f"missing in {where}"))
             continue
         diff = bitwise_diff(
             _state_view(got.states[name]), _state_view(expected.states[name]),
@@ -111,7 +111,7 @@ def compare_streams(got: StreamSnapshot, expected: StreamSnapshot, iteration: in
             out.append(_decoded(diff, got.states[name], expected.states[name]))
     if got.alias_groups != expected.alias_groups:
         out.append(Mismatch(
-            "live-stream", "tracker aliases", iteration, 1, 1,
+            "live-stream", "tracker aliases", iteration, 0, 0,
             detail=f"alias groups {got.alias_groups}, expected {expected.alias_groups}",
         ))
     return out
