@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from expectation_files import EXPECT_ERROR, EXPECT_MISMATCH, EXPECT_STALE, RAISE, expectations_file
+
 ROOT = Path(__file__).resolve().parent.parent
 PROCESS_LIMIT_S = 300  # a whole nested pytest run, however loaded the machine; never a speed test
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -133,19 +135,7 @@ def test_bundled_like_impls_must_support_every_case(tmp_path):
 
 # --- expectations: wrong failures, known failures, stale entries ----------------------------------------
 
-RAISE = "faulty_adapters:make_raise"
 RAISE_K = "make_raise-reentrant-tracked-eager-flat-none"  # the one case: the impl prefix keeps nonreentrant out
-EXPECT_MISMATCH = f'[[expect]]\nimpl = "{RAISE}"\ncases = ["*"]\nreason = "expects the default outcome"\n'
-EXPECT_ERROR = (f'[[expect]]\nimpl = "{RAISE}"\ncases = ["*"]\noutcome = "error"\nmessage = "raised on purpose"\n'
-                'reason = "raises on purpose"\n')
-EXPECT_STALE = ('[[expect]]\nimpl = "bundled"\ncases = ["reentrant-default-eager-flat-none-cpu"]\n'
-                'reason = "bundled passes this: the entry is stale"\n')
-
-
-def expectations_file(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "expectations.toml"
-    path.write_text(text)
-    return path
 
 
 def test_a_failure_other_than_the_expected_one_is_a_wrong_failure(tmp_path):
