@@ -7,7 +7,7 @@
   CUDA device visible, a capture mode without CUDA.
 * `run_case` runs one case (in this process or in an isolated worker), looks up its expectation
   under the user's name and judges it, returning the result and its record.  The record's `impl`
-  is the name the user gave, so expectations, reports and the rerun line (`rerun_command`) all
+  is the name the user gave, so expectations, reports and the rerun line (`report.repro_command`) all
   name what `repro --impl` can load.
 
 Nothing here imports pytest.
@@ -28,7 +28,7 @@ INTERRUPTED = 130  # exit status after Ctrl-C: the shell's status for a process 
 __all__ = [
     "INTERRUPTED",
     "CaseRun", "Target", "UsageError", "check_selection", "cuda_visible", "load_targets",
-    "proved_nothing", "rerun_command", "resolve_devices", "run_case",
+    "proved_nothing", "resolve_devices", "run_case",
 ]
 
 
@@ -197,10 +197,3 @@ def proved_nothing(targets: Sequence[Target], records: Iterable[dict[str, Any]])
             total = sum(reasons[target.name].values())
             lines.append(f"{target.name}: none of its {total} selected cases ran (e.g. {top})")
     return lines
-
-
-def rerun_command(record: dict[str, Any]) -> str:
-    """The copy-paste command that reruns the record's case alone (the report prints the same)."""
-    from .report import repro_command
-
-    return repro_command(record)

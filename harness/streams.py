@@ -25,8 +25,8 @@ class StreamSnapshot:
     alias_groups: tuple[tuple[str, ...], ...]
 
 
-def _state_value(value: Any) -> torch.Tensor:
-    """Trackers may hand out state tensors or generator objects; reduce both to a value."""
+def state_value(value: Any) -> torch.Tensor:
+    """Trackers may hand out state tensors or generator objects; reduce both to a value copy."""
     if isinstance(value, torch.Generator):
         return value.get_state()
     return value.detach().clone()
@@ -83,7 +83,7 @@ def snapshot_streams(tracker: Any) -> StreamSnapshot:
     states = {_device_name(gen): gen.get_state() for gen in device_default_generators()}
     if tracker is not None:
         for name, value in tracker.get_states().items():
-            states[f"tracker:{name}"] = _state_value(value)
+            states[f"tracker:{name}"] = state_value(value)
     return StreamSnapshot(states, alias_groups(tracker))
 
 

@@ -22,6 +22,7 @@ import torch
 
 from .cases import Case, Interleave, Layout, Nesting
 from .checkpoint.generators import default_generator
+from .streams import snapshot_streams, state_value
 
 SHAPE = (64, 64)  # 4096 elements per mask and per gradient
 DROPOUT_P = 0.5
@@ -165,8 +166,6 @@ def alias_problem(tracker: Any, device: torch.device) -> str:
     """'' when a draw through the shared layout's alias advances the alias and the stream it
     aliases (a real alias is one state object); else what went wrong: the fork did not switch to
     the alias at all, or the alias is a copy.  Every state the probe touches is put back."""
-    from .streams import _state_value
-
     alias, name = SHARED_STREAMS[1], SHARED_STREAMS[0]
     default = default_generator(device)
     before, default_before = tracker.get_states(), default.get_state()
@@ -177,7 +176,7 @@ def alias_problem(tracker: Any, device: torch.device) -> str:
     finally:
         tracker.set_states(before)
         default.set_state(default_before)
-    moved = {n: not torch.equal(_state_value(before[n]), _state_value(after[n])) for n in (alias, name)}
+    moved = {n: not torch.equal(state_value(before[n]), state_value(after[n])) for n in (alias, name)}
     if not moved[alias]:
         return f"tracker fork({alias!r}) did not switch streams: a draw through it left {alias!r} where it was"
     if not moved[name]:
@@ -198,6 +197,8 @@ class DrawWatch:
 
 
 def _capturing() -> bool:
+    # Not checkpoint.rng._capturing: tests patch that one to fake a capture for the checkpoint,
+    # while the watch must see whether a draw really happens inside a graph capture.
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
@@ -223,8 +224,6 @@ class Workload:
     def event(self, label: str) -> None:
         """Record every stream's state under `label` (only when a timeline was asked for)."""
         if self.events is not None and self.log.iteration != WARMUP:
-            from .streams import snapshot_streams
-
             self.events.append((self.log.iteration, label, snapshot_streams(self.tracker).states))
 
     def _stream(self, site: Site) -> contextlib.AbstractContextManager:
@@ -236,11 +235,9 @@ class Workload:
         """The value of the device's default generator and of the site's tracker stream, now."""
         stream = None
         if site.stream is not None:
-            if hasattr(self.tracker, "generator"):
-                stream = self.tracker.generator(site.stream).get_state()
-            else:
-                value = self.tracker.get_states()[site.stream]
-                stream = value.get_state() if isinstance(value, torch.Generator) else value.detach().clone()
+            holder = self.tracker.generator(site.stream) if hasattr(self.tracker, "generator") \
+                else self.tracker.get_states()[site.stream]
+            stream = state_value(holder)
         return default_generator(self.device).get_state(), stream
 
     def _site(self, site: Site, h: torch.Tensor) -> torch.Tensor:

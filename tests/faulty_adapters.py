@@ -202,3 +202,17 @@ class ReturnsWrongShape(BundledAdapter):
 
 def make_returns_wrong_shape():
     return ReturnsWrongShape()
+
+
+# The adapters above that break the adapter contract, as given to --impl -> the start of the error
+# line their case must report (the command line and the pytest plugin alike).
+ADAPTER_FAULTS = {
+    "faulty_adapters:make_supports_raises":
+        "AdapterFault: adapter 'faulty_adapters:make_supports_raises': supports() raised ValueError: bad supports",
+    "faulty_adapters:make_exits": "SystemExit: 3",
+    "faulty_adapters:make_returns_tuple":
+        "AdapterFault: adapter 'faulty_adapters:make_returns_tuple': checkpoint returned a tuple of 2 (Tensor, Tensor), expected ",
+    "faulty_adapters:make_returns_wrong_shape":
+        "AdapterFault: adapter 'faulty_adapters:make_returns_wrong_shape': checkpoint returned a torch.float32 "
+        "tensor of shape (1, 64) on cpu, expected a torch.float32 tensor of shape (64, 64) on cpu",
+}

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from expectation_files import EXPECT_ERROR, EXPECT_MISMATCH, EXPECT_STALE, RAISE, expectations_file
+from faulty_adapters import ADAPTER_FAULTS
 
 from harness.__main__ import main
 from harness.report import repro_command
@@ -276,16 +277,6 @@ def test_a_stale_expectation_fails_the_run(tmp_path):
 # --- adapter faults are results, not crashes -----------------------------------------------------------
 
 FAULT_CASE = "reentrant-default-eager-flat-none-cpu"
-ADAPTER_FAULTS = {  # impl as given -> the start of its error line
-    "faulty_adapters:make_supports_raises":
-        "AdapterFault: adapter 'faulty_adapters:make_supports_raises': supports() raised ValueError: bad supports",
-    "faulty_adapters:make_exits": "SystemExit: 3",
-    "faulty_adapters:make_returns_tuple":
-        "AdapterFault: adapter 'faulty_adapters:make_returns_tuple': checkpoint returned a tuple of 2 (Tensor, Tensor), expected ",
-    "faulty_adapters:make_returns_wrong_shape":
-        "AdapterFault: adapter 'faulty_adapters:make_returns_wrong_shape': checkpoint returned a torch.float32 "
-        "tensor of shape (1, 64) on cpu, expected a torch.float32 tensor of shape (64, 64) on cpu",
-}
 
 
 def test_adapter_faults_are_error_results_naming_the_adapter_as_given(tmp_path):

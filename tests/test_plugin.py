@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from expectation_files import EXPECT_ERROR, EXPECT_MISMATCH, EXPECT_STALE, RAISE, expectations_file
+from faulty_adapters import ADAPTER_FAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESS_LIMIT_S = 300  # a whole nested pytest run, however loaded the machine; never a speed test
@@ -169,16 +170,6 @@ def test_a_stale_expectation_fails_the_run(tmp_path):
 
 # --- adapter faults fail their test, they do not crash pytest ---------------------------------------------
 
-ADAPTER_FAULTS = {  # impl as given -> what its failure says
-    "faulty_adapters:make_supports_raises":
-        "AdapterFault: adapter 'faulty_adapters:make_supports_raises': supports() raised ValueError: bad supports",
-    "faulty_adapters:make_exits": "SystemExit: 3",
-    "faulty_adapters:make_returns_tuple":
-        "AdapterFault: adapter 'faulty_adapters:make_returns_tuple': checkpoint returned a tuple of 2 (Tensor, Tensor), expected ",
-    "faulty_adapters:make_returns_wrong_shape":
-        "AdapterFault: adapter 'faulty_adapters:make_returns_wrong_shape': checkpoint returned a torch.float32 "
-        "tensor of shape (1, 64) on cpu, expected a torch.float32 tensor of shape (64, 64) on cpu",
-}
 
 
 def test_adapter_faults_fail_their_tests_with_the_fault(tmp_path):
