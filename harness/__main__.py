@@ -20,7 +20,7 @@ from . import impls, isolation, shards
 from . import report as reporting
 from . import repro_script, timeline
 from .report import cli as report_cli
-from .cases import AXES, Capture, CaseError, Case, generate, parse_case_id
+from .cases import AXES, MATRICES, Capture, CaseError, Case, generate, parse_case_id
 from .execution import (
     INTERRUPTED, UsageError, check_selection, load_targets, proved_nothing, resolve_devices, run_case,
 )
@@ -28,11 +28,16 @@ from .report.cli import UsageFailure  # one class for every subcommand's bad inp
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--matrix", default="default", choices=MATRICES,
+                        help="default: the first matrix's programs over every axis plus a covering set of "
+                             "programs; full: every valid program over every axis (large)")
     for axis, enum_type in AXES.items():
         if axis == "device":
             continue
         values = ",".join(v.value for v in enum_type)
         parser.add_argument(f"--{axis}", metavar="V[,V]", help=f"only these {axis} values: {values}")
+    parser.add_argument("--program", metavar="NAME[,NAME]",
+                        help="only these programs (e.g. flat, rand.bf16.odd.keyword.deep)")
     parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda, or a comma list")
     parser.add_argument("--case", action="append", default=[], metavar="ID",
                         help="run exactly this case id (repeatable); overrides the axis filters")
@@ -46,9 +51,10 @@ def _selected_cases(args: argparse.Namespace, runnable: bool = True) -> list[Cas
         if runnable:
             check_selection(cases, [c.device.value for c in cases])
         return cases
-    filters: dict[str, Any] = {axis: getattr(args, axis) for axis in AXES if axis != "device" and getattr(args, axis)}
+    filters: dict[str, Any] = {axis: getattr(args, axis) for axis in [*AXES, "program"]
+                               if axis != "device" and getattr(args, axis)}
     filters["device"] = resolve_devices(args.device, require_visible=runnable)
-    cases = list(generate(**filters))
+    cases = list(generate(args.matrix, **filters))
     if not runnable:
         return cases
     known = {c.value for c in Capture}  # unknown values were refused by generate() above

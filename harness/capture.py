@@ -31,34 +31,37 @@ WARMUP_ITERATIONS = 2
 class Step(Protocol):
     """What an executor needs from a run (implemented by runner.RunSession)."""
 
-    def forward(self) -> torch.Tensor: ...
+    def begin_iteration(self, iteration: int) -> None:
+        """Start iteration `iteration` (negative: warm-up or capture), gradients cleared."""
 
-    def between(self, include_cpu: bool) -> None: ...
+    def forward(self) -> torch.Tensor:
+        """The forward pass; returns the loss."""
 
-    def draws_between(self) -> bool: ...
+    def between(self, cpu: bool = True, device: bool = True) -> None:
+        """The interleaved draws from the CPU generator and/or the device's streams (if any)."""
 
-    def between_cpu(self) -> None: ...
+    def draws_between(self) -> bool:
+        """Whether the case draws between forward and backward at all."""
 
-    def backward(self, loss: torch.Tensor) -> None: ...
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward from `loss` (the recompute happens here)."""
 
-    def clear_grads(self) -> None: ...
+    def reseed(self) -> None:
+        """Every stream back to the run's initial state, in place."""
 
-    def reseed(self) -> None: ...
+    def generators(self) -> Sequence[torch.Generator]:
+        """Tracker generators to register with each CUDA graph."""
 
-    def generators(self) -> Sequence[torch.Generator]: ...
-
-    def begin_iteration(self, iteration: int) -> None: ...
-
-    def collect(self, iteration: int) -> None: ...
+    def collect(self, iteration: int) -> None:
+        """Copy this iteration's records out (after a replay, out of the graph's buffers)."""
 
 
 def run_eager(step: Step, iterations: int) -> None:
     """K x (forward, interleaved draws, backward), recording each iteration as it happens."""
     for it in range(iterations):
         step.begin_iteration(it)
-        step.clear_grads()
         loss = step.forward()
-        step.between(include_cpu=True)
+        step.between()
         step.backward(loss)
         step.collect(it)
 
@@ -82,9 +85,8 @@ def _warm_up(step: Step, single: bool) -> None:
     with torch.cuda.stream(side):
         for _ in range(WARMUP_ITERATIONS):
             step.begin_iteration(-1)
-            step.clear_grads()
             loss = step.forward()
-            step.between(include_cpu=not single)
+            step.between(cpu=not single)
             step.backward(loss)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
@@ -104,13 +106,12 @@ def run_single(step: Step, iterations: int) -> None:
     """Forward, in-graph draws and backward captured in one graph; K replays."""
     with _released([]) as graphs:
         _warm_up(step, single=True)
-        step.clear_grads()  # backward under capture then allocates static .grad buffers
         graph = _new_graph(step)
         graphs.append(graph)
-        step.begin_iteration(-2)
+        step.begin_iteration(-2)  # clears grads: backward under capture allocates static buffers
         with torch.cuda.graph(graph):
             loss = step.forward()
-            step.between(include_cpu=False)  # a CPU draw would run once at capture, not per replay
+            step.between(cpu=False)  # a CPU draw would run once at capture, not per replay
             step.backward(loss)
         step.reseed()
         for it in range(iterations):
@@ -131,10 +132,9 @@ def run_separate(step: Step, iterations: int) -> None:
     """
     with _released([]) as graphs:
         _warm_up(step, single=False)
-        step.clear_grads()
         forward_graph, backward_graph = _new_graph(step), _new_graph(step)
         graphs += [forward_graph, backward_graph]
-        step.begin_iteration(-2)
+        step.begin_iteration(-2)  # clears grads: backward under capture allocates static buffers
         with torch.cuda.graph(forward_graph):
             loss = step.forward()
         with torch.cuda.graph(backward_graph):
@@ -144,12 +144,12 @@ def run_separate(step: Step, iterations: int) -> None:
             draws_graph = _new_graph(step)
             graphs.append(draws_graph)
             with torch.cuda.graph(draws_graph):
-                step.between(include_cpu=False)
+                step.between(cpu=False)
         step.reseed()
         for it in range(iterations):
             forward_graph.replay()
             if draws_graph is not None:
-                step.between_cpu()
+                step.between(device=False)
                 draws_graph.replay()
             backward_graph.replay()
             torch.cuda.synchronize()

@@ -1,17 +1,34 @@
 """The case matrix: axes as enums, a frozen `Case`, readable ids, and `generate()`.
 
-A case id joins the axis values in a fixed order with '-', e.g.
-``nonreentrant-tracked-eager-nested-draws-cpu``; every value uses only ``[a-z0-9]`` so ids are safe
-for ``pytest -k`` and shell copy-paste.  Invalid combinations are never generated: `RULES` prunes
-them, and `parse_case_id` refuses them too.
+A case is a region program (`harness.programs`) run in one checkpoint mode, stream layout, capture
+mode and interleave on one device.  Its id joins mode, layout, capture, program name, interleave
+and device with '-', e.g. ``nonreentrant-tracked-eager-nested-draws-cpu`` or
+``reentrant-mixed-single-rand.bf16.odd.keyword.deep-none-cuda``; ids use only ``[a-z0-9_.-]``, so
+they are safe for ``pytest -k`` and shell copy-paste.  Invalid combinations are never generated:
+`RULES` prunes them, and `parse_case_id` refuses them too.
+
+Two matrices: ``default`` (the first matrix's three programs over every axis value, plus a
+generated covering set of programs in which every value of every program factor meets every
+layout, capture mode and checkpoint mode at least once; `covering`) and ``full`` (every valid
+program over every axis value).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
-from dataclasses import dataclass, fields
+import random
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
+
+from . import ops
+from .programs import (
+    CLASSIC, FACTORS, SDPA_OPS, Dtype, Nesting, Op, Passing, Program, ProgramError, Shape, parse_program,
+)
+
+__all__ = ["AXES", "Case", "CaseError", "Capture", "Device", "Dtype", "Interleave", "Layout", "MATRICES",
+           "Mode", "Nesting", "Op", "Passing", "Program", "Shape", "generate", "parse_case_id"]
 
 
 class CaseError(ValueError):
@@ -43,14 +60,6 @@ class Capture(enum.Enum):
     SINGLE = "single"  # forward and backward captured in one graph
 
 
-class Nesting(enum.Enum):
-    """How checkpointed regions are arranged."""
-
-    FLAT = "flat"  # one region
-    NESTED = "nested"  # a region inside a region
-    SIBLINGS = "siblings"  # two regions one after the other
-
-
 class Interleave(enum.Enum):
     """What happens between forward and backward."""
 
@@ -65,31 +74,58 @@ class Device(enum.Enum):
     CUDA = "cuda"
 
 
+# The parts of a case id, in order.
+ID_PARTS = ("mode", "layout", "capture", "program", "interleave", "device")
+
+
 @dataclass(frozen=True, order=False)
 class Case:
-    """One point of the cross product of the axes.  Field order is the id order."""
+    """One program under one mode, layout, capture and interleave on one device (id order)."""
 
     mode: Mode
     layout: Layout
     capture: Capture
-    nesting: Nesting
+    program: Program
     interleave: Interleave
     device: Device
 
     @property
     def id(self) -> str:
         """The readable, shell-safe id, e.g. ``reentrant-mixed-eager-flat-none-cpu``."""
-        return "-".join(getattr(self, f.name).value for f in fields(self))
+        return "-".join(self.program.name if part == "program" else getattr(self, part).value
+                        for part in ID_PARTS)
+
+    @property
+    def op(self) -> Op:
+        return self.program.op
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.program.dtype
+
+    @property
+    def shape(self) -> Shape:
+        return self.program.shape
+
+    @property
+    def passing(self) -> Passing:
+        return self.program.passing
+
+    @property
+    def nesting(self) -> Nesting:
+        return self.program.nesting
 
     def axis_values(self) -> dict[str, str]:
-        """Axis name -> value string, in id order."""
-        return {f.name: getattr(self, f.name).value for f in fields(self)}
+        """Every axis and program factor -> its value string (`AXES` order), and ``program``."""
+        values = {axis: getattr(self, axis).value for axis in AXES}
+        return {**values, "program": self.program.name}
 
     def __str__(self) -> str:
         return self.id
 
 
-# Axis name -> enum, in id order (the order of Case's fields).
+# Every enum-valued dimension of a case -> its enum: the case axes, then the program factors.
+# These are the filters of `generate`, the CLI options and the pytest markers.
 AXES: dict[str, type[enum.Enum]] = {
     "mode": Mode,
     "layout": Layout,
@@ -97,7 +133,12 @@ AXES: dict[str, type[enum.Enum]] = {
     "nesting": Nesting,
     "interleave": Interleave,
     "device": Device,
+    "op": Op,
+    "dtype": Dtype,
+    "shape": Shape,
+    "passing": Passing,
 }
+MATRICES = ("default", "full")
 
 # A rule returns None for a valid case, or the reason it is invalid.
 Rule = Callable[[Case], "str | None"]
@@ -107,6 +148,16 @@ RULES: tuple[Rule, ...] = (
         "CUDA graph capture needs a cuda device"
         if c.capture is not Capture.EAGER and c.device is not Device.CUDA
         else None
+    ),
+    lambda c: ops.invalid_reason(c.op, c.dtype, c.shape, c.device.value),
+    lambda c: (
+        "a reentrant checkpoint differentiates only the tensors passed to it: a region whose input "
+        "comes through a closure has no gradient path"
+        if c.passing is Passing.CLOSURE and c.mode is Mode.REENTRANT else None
+    ),
+    lambda c: (
+        "the sdpa_kernel context only matters to an attention op"
+        if c.passing is Passing.SDPA_KERNEL and c.op not in SDPA_OPS else None
     ),
 )
 
@@ -151,37 +202,193 @@ def _as_values(axis: str, wanted: object) -> list[enum.Enum]:
     return values
 
 
-def generate(**filters: object) -> Iterator[Case]:
-    """Yield every valid case, in a stable order, restricted by ``axis=value(s)`` filters.
+CASE_AXES = ("mode", "layout", "capture", "interleave", "device")
+# The case axes every program factor value must meet in the default matrix (`covering`).
+COVERED_AXES = ("layout", "capture", "mode")
+CLASSIC_NESTINGS = (Nesting.FLAT, Nesting.NESTED, Nesting.SIBLINGS)
+
+
+def generate(matrix: str = "default", **filters: object) -> Iterator[Case]:
+    """Yield every valid case of `matrix` (``default`` or ``full``), in a stable order, restricted
+    by ``axis=value(s)`` filters over `AXES` and ``program=name(s)``.
 
     A filter value may be an enum member, a value string, a comma-separated string or an iterable
-    of these.  Unknown axes or values raise `CaseError` naming the valid ones.
+    of these.  Unknown axes, values, programs or matrices raise `CaseError` naming the valid ones.
     """
-    choices: dict[str, list[enum.Enum]] = {}
+    if matrix not in MATRICES:
+        raise CaseError(f"unknown matrix {matrix!r}; valid: {', '.join(MATRICES)}")
+    programs = None
+    if filters.get("program"):
+        programs = set(parse_programs(filters.pop("program")))
+    filters.pop("program", None)
+    choices: dict[str, set[enum.Enum]] = {}
     for axis, enum_type in AXES.items():
         wanted = filters.pop(axis, None)
-        choices[axis] = list(enum_type) if wanted is None else _as_values(axis, wanted)
+        choices[axis] = set(enum_type) if wanted is None else set(_as_values(axis, wanted))
     if filters:
-        raise CaseError(f"unknown axis {sorted(filters)[0]!r}; axes are: {', '.join(AXES)}")
-    return _valid_cases(choices)  # filters are checked above, before the first case is asked for
+        raise CaseError(f"unknown axis {sorted(filters)[0]!r}; axes are: {', '.join([*AXES, 'program'])}")
+
+    def wanted(case: Case) -> bool:
+        return (all(getattr(case, axis) in values for axis, values in choices.items())
+                and (programs is None or case.program in programs))
+
+    devices = [d for d in Device if d in choices["device"]]
+    source = _full if matrix == "full" else _default
+    # filters are checked above, before the first case is asked for
+    return (case for device in devices for case in source(device) if wanted(case))
 
 
-def _valid_cases(choices: dict[str, list[enum.Enum]]) -> Iterator[Case]:
-    for combo in itertools.product(*choices.values()):
-        case = Case(**dict(zip(choices, combo)))  # type: ignore[arg-type]
-        if invalid_reason(case) is None:
+def parse_programs(wanted: object) -> list[Program]:
+    """Programs from names (a comma list string or an iterable); a bad name raises `CaseError`."""
+    names = str(wanted).split(",") if isinstance(wanted, str) else list(wanted)  # type: ignore[call-overload]
+    try:
+        return [name if isinstance(name, Program) else parse_program(str(name)) for name in names if str(name).strip()]
+    except ProgramError as exc:
+        raise CaseError(str(exc)) from None
+
+
+def _cases(device: Device, programs: Iterable[Program]) -> Iterator[Case]:
+    """Every valid case of these programs on `device`, program by program."""
+    for program in programs:
+        for mode, layout, capture, interleave in itertools.product(Mode, Layout, Capture, Interleave):
+            case = Case(mode, layout, capture, program, interleave, device)
+            if invalid_reason(case) is None:
+                yield case
+
+
+def _full(device: Device) -> Iterator[Case]:
+    from .programs import every_program
+
+    return _cases(device, every_program())
+
+
+# Cases the default matrix always has, beyond the covering set: the cells of known findings, so a
+# fix (or a regression) shows whatever the covering design happens to pick.  Ids without device.
+PINNED = (
+    # torch.utils.checkpoint (non-reentrant) saves the RNG of the devices of its positional tensor
+    # arguments: an input by keyword or through a closure leaves the CUDA generator unsaved.
+    "nonreentrant-default-eager-native_dropout.f32.small.keyword.flat-none",
+    "nonreentrant-default-eager-native_dropout.f32.small.closure.flat-none",
+    "nonreentrant-untracked-eager-native_dropout.f32.small.keyword.flat-none",
+    # a region entered under sdpa_kernel: does the recompute run the same attention backend?
+    "nonreentrant-default-eager-sdpa_math.f32.small.sdpa_kernel.flat-none",
+    "reentrant-default-eager-sdpa_math.f32.small.sdpa_kernel.flat-none",
+    # three regions with recomputes pending at once (a checkpoint with two snapshot slots fails here)
+    "reentrant-default-eager-wide-none",
+    "nonreentrant-default-eager-wide-none",
+)
+
+
+def _default(device: Device) -> Iterator[Case]:
+    seen: set[str] = set()
+    classic = _cases(device, (Program(*CLASSIC, nesting) for nesting in CLASSIC_NESTINGS))  # type: ignore[arg-type]
+    pinned = (parse_case_id(f"{case_id}-{device.value}") for case_id in PINNED)
+    for case in itertools.chain(classic, covering(device), pinned):
+        if case.id not in seen:
+            seen.add(case.id)
             yield case
+
+
+Pair = tuple[str, enum.Enum, str, enum.Enum]  # (factor, value, axis, value)
+_CORE = ("op", "dtype", "shape", "passing", "mode", "capture")
+
+
+def case_pairs(case: Case) -> set[Pair]:
+    """The (program factor value, case axis value) pairs a case covers."""
+    return _pairs({name: getattr(case, name) for name in (*FACTORS, *COVERED_AXES)})
+
+
+def _pairs(row: Mapping[str, enum.Enum]) -> set[Pair]:
+    return {(factor, row[factor], axis, row[axis]) for factor in FACTORS for axis in COVERED_AXES}
+
+
+@functools.lru_cache(maxsize=None)
+def _cores(device: Device) -> tuple[dict[str, enum.Enum], ...]:
+    """The valid (op, dtype, shape, passing, mode, capture) combinations on `device`: the rules
+    read only these (and the device), so layout, nesting and interleave are free in any of them."""
+    out = []
+    for values in itertools.product(Op, Dtype, Shape, Passing, Mode, Capture):
+        core = dict(zip(_CORE, values))
+        case = Case(core["mode"], Layout.DEFAULT, core["capture"],  # type: ignore[arg-type]
+                    Program(*values[:4], Nesting.FLAT), Interleave.NONE, device)  # type: ignore[arg-type]
+        if invalid_reason(case) is None:
+            out.append(core)
+    return tuple(out)
+
+
+def required_pairs(device: Device) -> set[Pair]:
+    """Every (program factor value, layout / capture / mode value) pair some valid case on
+    `device` has: what the default matrix must cover (layout and nesting are free in every
+    valid combination, so they pair with everything that is valid at all)."""
+    pairs: set[Pair] = set()
+    for core in _cores(device):
+        for factor in ("op", "dtype", "shape", "passing"):
+            pairs |= {(factor, core[factor], axis, core[axis]) for axis in ("mode", "capture")}
+            pairs |= {(factor, core[factor], "layout", layout) for layout in Layout}
+        pairs |= {("nesting", n, axis, core[axis]) for n in Nesting for axis in ("mode", "capture")}
+    pairs |= {("nesting", n, "layout", layout) for n in Nesting for layout in Layout}
+    return pairs
+
+
+@functools.lru_cache(maxsize=None)
+def covering(device: Device) -> tuple[Case, ...]:
+    """Generated cases for the default matrix: together with the first matrix's cases, every pair
+    of `required_pairs` appears in at least one case.  Greedy and seeded (the same cases on every
+    run): each new case is, among valid completions of the first pair still uncovered, the one
+    that covers the most uncovered pairs."""
+    covered: set[Pair] = set()
+    for case in _cases(device, (Program(*CLASSIC, n) for n in CLASSIC_NESTINGS)):  # type: ignore[arg-type]
+        covered |= case_pairs(case)
+    todo = required_pairs(device) - covered
+    rng = random.Random(20261203)
+    cores = _cores(device)
+    rows: list[Case] = []
+    while todo:
+        target = min(todo, key=lambda p: (p[0], p[1].value, p[2], p[3].value))
+        factor, value, axis, axis_value = target
+        best: tuple[int, dict[str, enum.Enum]] | None = None
+        matching = [c for c in cores if c.get(factor, value) is value and c.get(axis, axis_value) is axis_value]
+        for core in rng.sample(matching, min(len(matching), 32)):
+            # The gain of a row splits into pairs of the core alone, of the layout, of the nesting
+            # and the one nesting x layout pair: add them up instead of building every row's set.
+            fixed = sum((f, core[f], a, core[a]) in todo for f in _CORE[:4] for a in ("mode", "capture"))
+            by_layout = {l: sum((f, core[f], "layout", l) in todo for f in _CORE[:4]) for l in Layout}
+            by_nesting = {n: sum(("nesting", n, a, core[a]) in todo for a in ("mode", "capture")) for n in Nesting}
+            for layout, nesting in itertools.product(Layout, Nesting):
+                row = {**core, "layout": layout, "nesting": nesting}
+                if row.get(factor) is not value or row.get(axis) is not axis_value:
+                    continue
+                gain = fixed + by_layout[layout] + by_nesting[nesting] + (("nesting", nesting, "layout", layout) in todo)
+                if best is None or gain > best[0]:
+                    best = (gain, row)
+        if best is None:
+            raise AssertionError(f"no valid case covers {factor}={value} x {axis}={axis_value}")
+        row = best[1]
+        rows.append(Case(row["mode"], row["layout"], row["capture"],  # type: ignore[arg-type]
+                         Program(*(row[f] for f in FACTORS)),  # type: ignore[arg-type]
+                         Interleave.DRAWS if len(rows) % 2 else Interleave.NONE, device))
+        todo -= _pairs(row)
+    return tuple(rows)
 
 
 def parse_case_id(case_id: str) -> Case:
     """Parse an id made by `Case.id` back into a `Case`; bad ids raise `CaseError`."""
     parts = case_id.strip().split("-")
-    if len(parts) != len(AXES):
+    if len(parts) != len(ID_PARTS):
         raise CaseError(
-            f"bad case id {case_id!r}: expected {len(AXES)} parts "
-            f"{'-'.join(AXES)} (e.g. nonreentrant-tracked-eager-nested-draws-cpu)"
+            f"bad case id {case_id!r}: expected {len(ID_PARTS)} parts "
+            f"{'-'.join(ID_PARTS)} (e.g. nonreentrant-tracked-eager-nested-draws-cpu)"
         )
-    case = Case(**{axis: parse_value(axis, part) for axis, part in zip(AXES, parts)})  # type: ignore[arg-type]
+    values: dict[str, object] = {}
+    for part, text in zip(ID_PARTS, parts):
+        if part == "program":
+            try:
+                values[part] = parse_program(text)
+            except ProgramError as exc:
+                raise CaseError(f"bad case id {case_id!r}: {exc}") from None
+        else:
+            values[part] = parse_value(part, text)
+    case = Case(**values)  # type: ignore[arg-type]
     reason = invalid_reason(case)
     if reason:
         raise CaseError(f"invalid case {case_id!r}: {reason}")
@@ -189,5 +396,6 @@ def parse_case_id(case_id: str) -> Case:
 
 
 def filters_from_mapping(mapping: Mapping[str, object]) -> dict[str, object]:
-    """Keep only the entries of `mapping` that name an axis and are set (for CLI/pytest options)."""
-    return {axis: mapping[axis] for axis in AXES if mapping.get(axis)}
+    """Keep only the entries of `mapping` that name an axis or ``program`` and are set (for
+    CLI/pytest options)."""
+    return {axis: mapping[axis] for axis in [*AXES, "program"] if mapping.get(axis)}

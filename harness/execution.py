@@ -140,6 +140,18 @@ def _version(adapter: Any) -> str | None:
         return None
 
 
+def _must_support(adapter: Any, case: Case) -> bool:
+    """Whether an unsupported answer for `case` is a failure: the adapter must support every case
+    (`must_support_all`) and has not declared this one a known limit (`limit`)."""
+    if not getattr(adapter, "must_support_all", False):
+        return False
+    limit = getattr(adapter, "limit", None)
+    try:
+        return not (callable(limit) and limit(case))
+    except Exception:  # a broken limit() declares nothing
+        return True
+
+
 def judged_record(result: CaseResult, target: Target, entries: Sequence[expectations_mod.Expectation]
                   ) -> dict[str, Any]:
     """`result` as a record, with its expectation (looked up under the target's name and version)
@@ -150,7 +162,7 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
     entry = expectations_mod.find(entries, target.name, result.case.id, version=record.get("impl_version"))
     judgement = expectations_mod.judge(
         result.outcome.value, [m.oracle for m in result.mismatches], result.error, entry,
-        impl=target.name, must_support_all=bool(getattr(target.adapter, "must_support_all", False)),
+        impl=target.name, must_support_all=_must_support(target.adapter, result.case),
         reason=result.reason,
     )
     record.update({

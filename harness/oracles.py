@@ -8,42 +8,16 @@ synthetic records (tests/test_oracles.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from .compare import Mismatch, any_differences, bitwise_diff
 from .expectations import ORACLES
-from .streams import StreamSnapshot, compare_streams, identity_mismatches
-from .workload import FORWARD, RECOMPUTE, DrawWatch, MaskLog
+from .records import FORWARD, RECOMPUTE, RunRecord
+from .streams import compare_streams, identity_mismatches
 
 __all__ = ["ORACLES", "Checks", "RunRecord", "check"]
-
-
-@dataclass
-class RunRecord:
-    """What one run (reference or checkpointed) left behind, per iteration.
-
-    `log` holds masks (by site), region outputs (by region name) and the loss (``loss``);
-    `objects_before` / `objects` the state object behind each tracker stream name before the run
-    and after each iteration's backward; `watch` which streams each eager site draw advanced.
-    """
-
-    log: MaskLog
-    grads: dict[int, dict[str, torch.Tensor | None]] = field(default_factory=dict)
-    streams: dict[int, StreamSnapshot] = field(default_factory=dict)
-    objects_before: dict[str, object] = field(default_factory=dict)
-    objects: dict[int, dict[str, object]] = field(default_factory=dict)
-    watch: DrawWatch = field(default_factory=DrawWatch)
-    alias_problem: str = ""  # shared layout, reference run: why the alias is no alias ('' if it is)
-
-    def draws(self, iteration: int, site: str, phase: str) -> list[torch.Tensor]:
-        return self.log.masks.get((iteration, site, phase), [])
-
-    def names(self, iteration: int, phase: str) -> list[str]:
-        """Every name with something recorded in `iteration` and `phase`, in first-seen order."""
-        return [name for (it, name, ph) in self.log.masks if it == iteration and ph == phase]
 
 
 class Checks:
@@ -185,9 +159,10 @@ def identity(ck: RunRecord, it: int, checks: Checks) -> None:
 
 
 def check(ref: RunRecord, ck: RunRecord, sites: list[str], iterations: int,
-          output_names: list[str] | None = None) -> list[Mismatch]:
+          output_names: list[str] | None = None, drawing: list[str] | None = None) -> list[Mismatch]:
     """Every oracle over every iteration, in oracle order within each iteration.  `output_names`
-    are the region and loss names the output oracle compares (default: none)."""
+    are the region and loss names the output oracle compares (default: none); `drawing` the sites
+    whose op draws, which fresh-randomness checks (default: every site)."""
     checks = Checks()
     for it in range(iterations):
         forward_masks(ref, ck, sites, it, checks, output_names or [])
@@ -196,5 +171,5 @@ def check(ref: RunRecord, ck: RunRecord, sites: list[str], iterations: int,
         live_streams(ref, ck, it, checks)
         outputs(ref, ck, output_names or [], it, checks)
         identity(ck, it, checks)
-    fresh_randomness(ck, sites, iterations, checks)
+    fresh_randomness(ck, sites if drawing is None else drawing, iterations, checks)
     return checks.resolve()

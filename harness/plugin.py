@@ -24,7 +24,7 @@ import pytest
 from . import expectations as expectations_mod
 from . import gpus, impls, isolation, shards
 from . import report as reporting
-from .cases import AXES, CaseError, Case, generate, parse_case_id
+from .cases import AXES, ID_PARTS, MATRICES, CaseError, Case, generate, parse_case_id, parse_programs
 from .execution import (
     INTERRUPTED, Target, UsageError, load_targets, proved_nothing, resolve_devices, run_case,
 )
@@ -63,6 +63,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "sticky CUDA error becomes a crash/timeout result and the run goes on")
     group.addoption("--case-timeout", type=float, default=None, metavar="S",
                     help="per-case time limit in seconds (implies --isolate)")
+    group.addoption("--matrix", default="default", choices=MATRICES,
+                    help="default: first matrix + covering programs; full: every valid program (large)")
+    group.addoption("--program", action="append", default=[], metavar="NAME",
+                    help="only these programs (repeatable or comma-separated), e.g. rand.bf16.odd.keyword.deep")
     group.addoption("--allow-unsupported", action="store_true", default=False,
                     help="run an impl named by --impl even when its package cannot load (every case unsupported)")
 
@@ -77,6 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
         targets = load_targets(config.getoption("impl"), allow_unsupported=config.getoption("allow_unsupported"))
         config._harness_impls = {t.name: t for t in targets}  # type: ignore[attr-defined]
         config._harness_devices = resolve_devices(config.getoption("device"))  # type: ignore[attr-defined]
+        parse_programs(",".join(config.getoption("program")))  # a bad name is one line, here
         entries = expectations_mod.load(config.getoption("expectations"))
         shard = config.getoption("shard")
         config._harness_shard = shards.parse_shard(shard) if shard else None  # type: ignore[attr-defined]
@@ -101,11 +106,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     params = []
     for impl_name in config._harness_impls:  # type: ignore[attr-defined]
-        for case in generate(device=config._harness_devices):  # type: ignore[attr-defined]
+        programs = ",".join(config.getoption("program")) or None
+        for case in generate(config.getoption("matrix"), device=config._harness_devices,  # type: ignore[attr-defined]
+                             program=programs):
             if not shards.in_shard(impl_name, case.id, config._harness_shard):  # type: ignore[attr-defined]
                 continue
             param = HarnessCase(impl_name, case)
-            marks = [getattr(pytest.mark, value) for value in case.axis_values().values()]
+            marks = [getattr(pytest.mark, value) for axis, value in case.axis_values().items() if axis in AXES]
             params.append(pytest.param(param, id=param.id, marks=marks))
     metafunc.parametrize("harness_case", params)
 
@@ -162,7 +169,7 @@ def _harness_ids(ids: list[str]) -> int:
     for node_id in ids:
         param = node_id.rpartition("[")[2].rstrip("]")
         try:
-            parse_case_id("-".join(param.split("-")[-len(AXES):]))
+            parse_case_id("-".join(param.split("-")[-len(ID_PARTS):]))
         except CaseError:
             continue
         count += 1

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from .cases import Case, Interleave, Mode
+from .programs import ATTENTION_VIEWS, TORCH_DTYPES
 
 TEMPLATE = Path(__file__).with_name("repro_template.py")
 
@@ -22,8 +23,8 @@ def make_tracker(device):
     return Tracker(device)  # the tracker semantics the harness uses (defined below)
 
 
-def checkpoint(fn, *args, tracker):
-    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=REENTRANT, preserve_rng_state=True)
+def checkpoint(fn, *args, tracker, **kwargs):
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=REENTRANT, preserve_rng_state=True, **kwargs)
 '''
 
 ADAPTER_BLOCK = '''def _impl():
@@ -44,21 +45,27 @@ def make_tracker(device):
     return _impl().make_tracker(device)
 
 
-def checkpoint(fn, *args, tracker):
-    return _impl().checkpoint(fn, *args, reentrant=REENTRANT, tracker=tracker)
+def checkpoint(fn, *args, tracker, **kwargs):
+    return _impl().checkpoint(fn, *args, reentrant=REENTRANT, tracker=tracker, **kwargs)
 '''
 
 
 def render(case: Case, impl: str) -> str:
     """The program's source for `case` under `impl`."""
     text = TEMPLATE.read_text()
+    program = case.program
     values = {
         "CASE_ID": repr(case.id),
         "IMPL": repr(impl),
         "REENTRANT": repr(case.mode is Mode.REENTRANT),
         "LAYOUT": repr(case.layout.value),
         "CAPTURE": repr(case.capture.value),
-        "NESTING": repr(case.nesting.value),
+        "OP": repr(program.op.value),
+        "DTYPE": f"torch.{TORCH_DTYPES[program.dtype]}",
+        "SHAPE": repr(program.shape_dims),
+        "ATTENTION_VIEW": repr(ATTENTION_VIEWS[program.shape]),
+        "PASSING": repr(program.passing.value),
+        "NESTING": repr(program.nesting.value),
         "INTERLEAVE": repr(case.interleave is Interleave.DRAWS),
         "DEVICE": f"torch.device({case.device.value!r})",
     }

@@ -11,6 +11,7 @@ import contextlib
 import sys
 
 import torch
+import torch.nn.functional as F
 
 # --- the case (filled in by the generator) ---------------------------------------------------
 CASE_ID = "reentrant-tracked-eager-flat-none-cpu"
@@ -18,17 +19,22 @@ IMPL = "torch"
 REENTRANT = True
 LAYOUT = "tracked"  # default | tracked | mixed | shared | untracked
 CAPTURE = "eager"  # eager | separate | single
-NESTING = "flat"  # flat | nested | siblings
+OP = "native_dropout"  # the RNG consumer of the sites (see OPS below)
+DTYPE = torch.float32
+SHAPE = (64, 64)
+ATTENTION_VIEW = (1, 1, 64, 64)  # (batch, heads, sequence, head dim) of an attention site
+PASSING = "positional"  # positional | keyword | closure | list | dict | autocast | sdpa_kernel
+NESTING = "flat"  # flat | nested | siblings | deep | wide
 INTERLEAVE = False  # draw from every stream between forward and backward
 DEVICE = torch.device("cpu")
-P, SHAPE, SEED, ITERATIONS, DRAW_NUMEL = 0.5, (64, 64), 1234, 2, 1000
+P, SEED, ITERATIONS, DRAW_NUMEL = 0.5, 1234, 2, 1000
 # --- the implementation under test -----------------------------------------------------------
 # BEGIN IMPLEMENTATION (the generator replaces this block)
 def make_tracker(device):
     raise NotImplementedError("generated scripts define make_tracker")
 
 
-def checkpoint(fn, *args, tracker):
+def checkpoint(fn, *args, tracker, **kwargs):
     raise NotImplementedError("generated scripts define checkpoint")
 # END IMPLEMENTATION
 
@@ -87,12 +93,9 @@ class Tracker:
 
 
 # --- the workload ----------------------------------------------------------------------------
-SITE_STREAMS = {
-    "default": [None] * 4, "untracked": [None] * 4, "tracked": ["model-parallel"] * 4,
-    "mixed": [None, "model-parallel"] * 2, "shared": ["shared-a", "shared-b"] * 2,
-}[LAYOUT]
-REGIONS = {  # a list is a checkpointed region; strings are dropout sites
+REGIONS = {  # a list is a checkpointed region; strings are sites
     "flat": [["s0", "s1"]], "nested": [["s0", ["s1", "s2"], "s3"]], "siblings": [["s0", "s1"], ["s2", "s3"]],
+    "deep": [["s0", ["s1", ["s2", "s3"], "s4"], "s5"]], "wide": [["s0", "s1"], ["s2", "s3"], ["s4", "s5"]],
 }[NESTING]
 
 
@@ -100,22 +103,105 @@ def _flatten(items):
     return [name for item in items for name in (_flatten(item) if isinstance(item, list) else [item])]
 
 
+def _named(items, count):
+    """Lists become (name, items) regions, named r0, r1, ... depth first (as the harness does)."""
+    out = []
+    for item in items:
+        if isinstance(item, list):
+            name = f"r{len(count)}"
+            count.append(name)
+            out.append((name, _named(item, count)))
+        else:
+            out.append(item)
+    return out
+
+
 SITES = _flatten(REGIONS)
+REGION_NAMES = []
+REGIONS = _named(REGIONS, REGION_NAMES)
+
+
+def site_stream(index):
+    return {"default": None, "untracked": None, "tracked": "model-parallel",
+            "mixed": (None, "model-parallel")[index % 2], "shared": ("shared-a", "shared-b")[index % 2]}[LAYOUT]
+
+
+def site_op(index):
+    if OP == "nodraw":  # a site that draws nothing beside a dropout site
+        return "nodraw" if index % 2 == 0 else "native_dropout"
+    return OP
+
+
+def attention_backend():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    name = {"sdpa_math": "MATH", "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
+            "sdpa_cudnn": "CUDNN_ATTENTION"}[OP]
+    return sdpa_kernel(getattr(SDPBackend, name))
+
+
+def attention(h):
+    q = h.view(ATTENTION_VIEW)
+    with attention_backend() if PASSING != "sdpa_kernel" else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(q, q, q, dropout_p=P, scale=1.0 / ATTENTION_VIEW[3])
+    return out.reshape(h.shape), out
+
+
+def times(draw):
+    def apply(h):
+        r = draw(h)
+        return h * r, r
+    return apply
+
+
+def permute(h):
+    index = torch.randperm(h.numel(), device=h.device)
+    return h.reshape(-1)[index].view(h.shape), index
+
+
+def sample(h):
+    index = torch.multinomial(torch.ones(h.shape, dtype=h.dtype, device=h.device), h.shape[1], replacement=True)
+    return h * (index + 1).to(h.dtype) / h.shape[1], index
+
+
+def dropout(h, inplace=False):
+    out = F.dropout(h.clone() if inplace else h, P, training=True, inplace=inplace)
+    return out, out
+
+
+OPS = {  # op -> h -> (what the site passes on, the RNG output compared)
+    "native_dropout": lambda h: torch.native_dropout(h, P, True),
+    "dropout": dropout,
+    "dropout_inplace": lambda h: dropout(h, inplace=True),
+    "bernoulli_": times(lambda h: torch.empty_like(h).bernoulli_(P)),
+    "rand": times(lambda h: torch.rand(h.shape, dtype=h.dtype, device=h.device)),
+    "randn": times(lambda h: torch.randn(h.shape, dtype=h.dtype, device=h.device)),
+    "rand_like": times(torch.rand_like),
+    "randint": times(lambda h: torch.randint(1, 4, h.shape, dtype=h.dtype, device=h.device)),
+    "normal_": times(lambda h: torch.empty_like(h).normal_(1.0, 0.5)),
+    "uniform_": times(lambda h: torch.empty_like(h).uniform_(0.5, 1.5)),
+    "multinomial": sample,
+    "randperm": permute,
+    "sdpa_math": attention, "sdpa_efficient": attention, "sdpa_flash": attention, "sdpa_cudnn": attention,
+    "nodraw": lambda h: (h, h),
+}
 
 
 def initial_tensors():
     gen = torch.Generator().manual_seed(0)
 
-    def draw():
-        return (torch.rand(SHAPE, generator=gen) + 0.5).to(DEVICE)
+    def draw(size=SHAPE, scale=1.0):
+        return ((torch.rand(size, generator=gen) + 0.5) * scale).to(device=DEVICE, dtype=DTYPE)
 
     x = draw()
-    weights = {name: draw() for name in SITES}
+    weights = {f"weight.{name}": draw() for name in SITES}
+    if PASSING == "autocast":
+        weights.update({f"matrix.{name}": draw((SHAPE[1], SHAPE[1]), 1.0 / SHAPE[1]) for name in REGION_NAMES})
     return x, weights, draw()
 
 
 class Run:
-    """One run (reference or checkpointed): masks, gradients and stream states per iteration."""
+    """One run (reference or checkpointed): RNG outputs, gradients and stream states per iteration."""
 
     def __init__(self, checkpointed):
         torch.manual_seed(SEED)
@@ -134,30 +220,51 @@ class Run:
         self.masks, self.grads, self.states, self.captured = {}, {}, {}, {}
 
     def site(self, name, h):
-        stream = SITE_STREAMS[int(name[1:])]
+        index = int(name[1:])
+        stream = site_stream(index)
         with self.tracker.fork(stream) if stream else contextlib.nullcontext():
-            h, mask = torch.native_dropout(h, P, True)
+            h, drawn = OPS[site_op(index)](h)
         key = (name, self.phase)
         if self.iteration < 0:  # under capture: a static buffer, read after every replay
-            self.captured.setdefault(key, []).append(mask.clone())
+            self.captured.setdefault(key, []).append(drawn.detach().clone())
         else:
-            self.masks.setdefault((self.iteration, *key), []).append(mask.clone())
-        return h * self.w[name]
+            self.masks.setdefault((self.iteration, *key), []).append(drawn.detach().clone())
+        return h * self.w[f"weight.{name}"]
 
-    def region(self, items, h):
-        def fn(h):
+    def region(self, region, h):
+        name, items = region
+
+        def body(h):
+            dtype = h.dtype
+            if PASSING == "autocast":  # a matmul, which autocast runs in bfloat16
+                h = (h @ self.w[f"matrix.{name}"]).to(dtype)
             for item in items:
-                h = self.region(item, h) if isinstance(item, list) else self.site(item, h)
-            return h
+                h = self.region(item, h) if isinstance(item, tuple) else self.site(item, h)
+            return h.to(dtype)
 
-        return checkpoint(fn, h, tracker=self.tracker) if self.checkpointed else fn(h)
+        # how the region receives its input, and the context it is entered under
+        fn, args, kwargs = {
+            "keyword": (lambda *, inp: body(inp), (), {"inp": h}),
+            "closure": (lambda: body(h), (), {}),
+            "list": (lambda hs: body(hs[0]), ([h],), {}),
+            "dict": (lambda d: body(d["h"]), ({"h": h},), {}),
+        }.get(PASSING, (body, (h,), {}))
+        context = contextlib.nullcontext()
+        if PASSING == "autocast":
+            context = torch.autocast(DEVICE.type, dtype=torch.bfloat16)
+        elif PASSING == "sdpa_kernel":
+            context = attention_backend()
+        with context:
+            if self.checkpointed:
+                return checkpoint(fn, *args, tracker=self.tracker, **kwargs)
+            return fn(*args, **kwargs)
 
     def forward(self):
         self.phase = "forward"
         h = self.x
-        for items in REGIONS:
-            h = self.region(items, h)
-        return (h * self.loss_weight).sum()
+        for region in REGIONS:
+            h = self.region(region, h)
+        return (h * self.loss_weight).float().sum()
 
     def draws(self, cpu=True, device=True):
         if not INTERLEAVE:
@@ -182,7 +289,7 @@ class Run:
     def collect(self, it):
         for (name, phase), buffers in self.captured.items():
             self.masks[(it, name, phase)] = [b.clone() for b in buffers]
-        leaves = {"input": self.x, **{f"weight.{k}": v for k, v in self.w.items()}}
+        leaves = {"input": self.x, **self.w}
         self.grads[it] = {k: None if v.grad is None else v.grad.clone() for k, v in leaves.items()}
         states = {"cpu": torch.get_rng_state()}
         if DEVICE.type == "cuda":
@@ -255,7 +362,7 @@ class Run:
 
 # --- bitwise comparison ----------------------------------------------------------------------
 INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
-       torch.bfloat16: torch.int16, torch.bool: torch.uint8}
+       torch.bfloat16: torch.int16, torch.bool: torch.uint8}  # other dtypes (int64 indices) as they are
 
 
 def differ(got, expected, what):
@@ -276,7 +383,13 @@ def differ(got, expected, what):
 def main():
     if DEVICE.type == "cuda":
         torch.cuda.init()
-    reference, checkpointed = Run(False).execute(), Run(True).execute()
+    reference = Run(False).execute()  # an error here is a broken setup (exit 2)
+    try:
+        checkpointed = Run(True).execute()
+    except Exception as exc:  # the checkpoint under test raised: that is the reproduced failure
+        print(f"{IMPL} {CASE_ID} on torch {torch.__version__}: the checkpointed run raised "
+              f"{type(exc).__name__}: {exc}")
+        return 1
     problems = []
     for it in range(ITERATIONS):
         for name in SITES:

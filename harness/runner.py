@@ -10,22 +10,15 @@ from typing import Any, Callable
 
 import torch
 
+from . import ops
 from .capture import execute
 from .cases import Case, Device, Interleave, Layout, Mode, parse_case_id
 from .compare import Mismatch
-from .oracles import RunRecord, check
+from .oracles import check
+from .records import FORWARD, RECOMPUTE, WARMUP, MaskLog, RunRecord
 from .reference import check_reference
 from .streams import preserved_global_rng, snapshot_streams, stream_objects
-from .workload import (
-    FORWARD,
-    seed_all,
-    RECOMPUTE,
-    MaskLog,
-    Tensors,
-    Workload,
-    alias_problem,
-    make_tracker_streams,
-)
+from .workload import CheckpointFn, Tensors, Workload, alias_problem, make_tracker_streams, seed_all
 
 ITERATIONS = 2  # K >= 2: the second iteration shows what a leaked stream advance does next
 
@@ -102,10 +95,11 @@ def result_from_dict(data: dict[str, Any]) -> CaseResult:
 
 
 def environment_skip(case: Case) -> str | None:
-    """Why this environment cannot run `case`, or None."""
+    """Why this environment cannot run `case`, or None: no CUDA device for a cuda case, or an
+    attention backend this GPU or torch build does not offer for the program's input."""
     if case.device is Device.CUDA and not torch.cuda.is_available():
         return "no CUDA device is visible"
-    return None
+    return ops.unrunnable(case.op, case.dtype, case.shape, case.device.value)
 
 
 class _Clock:
@@ -118,6 +112,10 @@ class _Clock:
         now = time.perf_counter()
         self.laps[name] = round(now - self.last, 6)
         self.last = now
+
+
+class NotReproducible(Exception):
+    """Two identical reference runs differ: no oracle can judge the case on this machine."""
 
 
 class NoTracker(Exception):
@@ -138,7 +136,8 @@ class RunSession:
         device: torch.device,
         tensors: Tensors,
         make_tracker: Callable[[torch.device], Any] | None,
-        checkpoint_with: Callable[[Any], Callable[..., Any]] | None,
+        checkpoint_with: Callable[[Any], CheckpointFn] | None,
+        timeline: list | None = None,
     ) -> None:
         self.case, self.tensors = case, tensors
         seed_all()  # CPU and every CUDA device
@@ -152,10 +151,19 @@ class RunSession:
         self.x, self.weights = tensors.fresh_leaves()
         self.record = RunRecord(MaskLog(), objects_before=stream_objects(self.tracker))
         checkpoint = checkpoint_with(self.tracker) if checkpoint_with else None
-        watch = self.record.watch if checkpoint is None else None  # the reference is checked
+        watch = self.record.watch.add if checkpoint is None else None  # the reference is checked
         if checkpoint is None and case.layout is Layout.SHARED and self.tracker is not None:
             self.record.alias_problem = alias_problem(self.tracker, device)
-        self.workload = Workload(case, device, self.tracker, self.weights, checkpoint, self.record.log, watch)
+        self.events = timeline
+        region_event = (lambda label: self.event(f"{self.record.log.phase} {label}")) if timeline is not None else None
+        self.workload = Workload(case, device, self.tracker, self.weights, checkpoint, self.record.log.record,
+                                 watch, region_event)
+
+    def event(self, label: str) -> None:
+        """Record every stream's state under `label` (only when a timeline was asked for)."""
+        log = self.record.log
+        if self.events is not None and log.iteration != WARMUP:
+            self.events.append((log.iteration, label, snapshot_streams(self.tracker).states))
 
     def reseed(self) -> None:
         """Put every stream back to the run's initial state, in place (graph registrations hold)."""
@@ -168,8 +176,6 @@ class RunSession:
 
     def begin_iteration(self, iteration: int) -> None:
         self.record.log.start(iteration)
-
-    def clear_grads(self) -> None:
         for leaf in (self.x, *self.weights.values()):
             leaf.grad = None
 
@@ -177,15 +183,13 @@ class RunSession:
         self.record.log.phase = FORWARD
         return self.workload.forward(self.x, self.tensors.loss_weight)
 
-    def between(self, include_cpu: bool) -> None:
-        self.workload.interleaved_draws(include_cpu=include_cpu)
-        self.workload.event("after interleaved draws")
+    def between(self, cpu: bool = True, device: bool = True) -> None:
+        self.workload.interleaved_draws(include_cpu=cpu, include_device=device)
+        if device:
+            self.event("after interleaved draws")
 
     def draws_between(self) -> bool:
         return self.case.interleave is not Interleave.NONE
-
-    def between_cpu(self) -> None:
-        self.workload.interleaved_draws(include_cpu=True, include_device=False)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.record.log.phase = RECOMPUTE  # any site drawn from here on is a recompute
@@ -194,20 +198,18 @@ class RunSession:
     def collect(self, iteration: int) -> None:
         """Copy this iteration's masks, gradients and stream states out of (static) buffers."""
         self.record.log.harvest(iteration)
-        grads = {"input": self.x.grad}
-        grads.update({f"weight.{name}": w.grad for name, w in self.weights.items()})
+        grads = {"input": self.x.grad, **{name: w.grad for name, w in self.weights.items()}}
         self.record.grads[iteration] = {
             k: (None if g is None else g.detach().clone()) for k, g in grads.items()
         }
         self.record.streams[iteration] = snapshot_streams(self.tracker)
         self.record.objects[iteration] = stream_objects(self.tracker)
-        if self.workload.events is not None:
-            self.workload.events.append((iteration, "after backward", self.record.streams[iteration].states))
+        if self.events is not None:
+            self.events.append((iteration, "after backward", self.record.streams[iteration].states))
 
 
 def _execute(case: Case, iterations: int, timeline: list | None, *args: Any) -> tuple[RunRecord, Workload]:
-    session = RunSession(case, *args)
-    session.workload.events = timeline
+    session = RunSession(case, *args, timeline=timeline)
     execute(case.capture, session, iterations)
     return session.record, session.workload
 
@@ -233,15 +235,16 @@ def checked_output(name: str, out: Any, like: torch.Tensor) -> Any:
     return out
 
 
-def checkpointing(impl: Any, case: Case, name: str | None = None) -> Callable[[Any], Callable[..., Any]]:
-    """tracker -> a ``checkpoint(fn, *args)`` that runs `impl` in `case`'s mode with that tracker
-    and checks that what it returns is what a region returns (`checked_output`)."""
+def checkpointing(impl: Any, case: Case, name: str | None = None) -> Callable[[Any], CheckpointFn]:
+    """tracker -> a ``checkpoint(fn, args, kwargs, like)`` that runs `impl` in `case`'s mode with
+    that tracker (``impl.checkpoint(fn, *args, reentrant=..., tracker=..., **kwargs)``) and checks
+    that what it returns is what the region returns: a tensor like `like` (`checked_output`)."""
     reentrant = case.mode is Mode.REENTRANT
     label = name or getattr(impl, "name", "?")
 
-    def checkpoint_with(tracker: Any) -> Callable[..., Any]:
-        return lambda fn, *args: checked_output(
-            label, impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker), args[0])
+    def checkpoint_with(tracker: Any) -> CheckpointFn:
+        return lambda fn, args, kwargs, like: checked_output(
+            label, impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs), like)
 
     return checkpoint_with
 
@@ -296,12 +299,28 @@ def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = Fa
         _run_both(case, impl, name, iterations, timeline, result)
     except NoTracker as exc:
         result.outcome, result.reason = Outcome.UNSUPPORTED, str(exc)
+    except NotReproducible as exc:
+        result.outcome, result.reason = Outcome.SKIPPED, str(exc)
     except (Exception, SystemExit) as exc:  # an impl that raises is a result, not a harness crash
         result.outcome = Outcome.ERROR
         result.error = " ".join(f"{type(exc).__name__}: {exc}".split())
         result.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
     result.duration_s = time.perf_counter() - start
     return result
+
+
+def _require_reproducible(case: Case, first: RunRecord, second: RunRecord, workload: Workload,
+                          iterations: int) -> None:
+    """`NotReproducible` when a second reference run differs from the first in anything an oracle
+    compares (the ops of `OpSpec.reproducible` False)."""
+    differences = check(first, second, workload.checkpointed_sites(), iterations, workload.output_names(),
+                        drawing=[])
+    differences = [m for m in differences if m.oracle != "recompute-mask"]  # a reference recomputes nothing
+    if differences:
+        raise NotReproducible(
+            f"the reference is not bit-reproducible here: a second identical run differs ({differences[0].message()}"
+            f"{f'; +{len(differences) - 1} more' if len(differences) > 1 else ''}); {case.op.value}'s backward "
+            "accumulates in a run-to-run order on this GPU, so no oracle can judge this case")
 
 
 def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool, result: CaseResult) -> None:
@@ -311,19 +330,23 @@ def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool,
         torch.cuda.init()  # before the RNG inventory, so CUDA generators are part of it
     checkpoint_with = checkpointing(impl, case, name)
     clock = _Clock(result.timings)
-    with preserved_global_rng():
+    with preserved_global_rng(), ops.determinism(case.op):
         tensors = Tensors.make(case, device)
         make_tracker = getattr(impl, "make_tracker", None)
         timelines = result.timelines = {"reference": [], "checkpointed": []} if timeline else {}
         clock.lap("setup")
         reference, workload = _execute(case, iterations, timelines.get("reference"), device, tensors,
                                        make_tracker, None)
-        check_reference(reference, workload.site_streams(), iterations, str(device), name)
+        check_reference(reference, workload.site_streams(), iterations, str(device), name,
+                        drawing=workload.drawing_sites())
+        if not ops.REGISTRY[case.op].reproducible and device.type == "cuda":
+            again, _ = _execute(case, iterations, None, device, tensors, make_tracker, None)
+            _require_reproducible(case, reference, again, workload, iterations)
         clock.lap("reference")
         checkpointed, _ = _execute(case, iterations, timelines.get("checkpointed"), device, tensors,
                                    make_tracker, checkpoint_with)
         clock.lap("checkpointed")
     result.mismatches = check(reference, checkpointed, workload.checkpointed_sites(), iterations,
-                              workload.output_names())
+                              workload.output_names(), drawing=workload.drawing_sites())
     result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
     clock.lap("compare")

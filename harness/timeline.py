@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .workload import CAPTURE
+from .records import CAPTURE
 
 Event = tuple[int, str, dict[str, torch.Tensor]]
 

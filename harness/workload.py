@@ -1,67 +1,50 @@
-"""The model under test: regions and dropout sites laid out from a `Case`.
+"""The model under test: a case's region program (`harness.programs`), built and run.
 
-Each site multiplies by its own weight and draws a dropout mask with `torch.native_dropout`, which
-returns the mask it drew; the mask is recorded under (iteration, site, phase).  What each region
-call returns (its output, as the caller sees it) is recorded the same way under the region's name,
-and the loss under ``loss``.  Which stream a site draws from follows the case's layout; how regions
-contain sites and each other follows its nesting.  The same `Workload` runs the reference (no
-checkpoint) and the checkpointed run, so the two differ only in the checkpoint function passed in.
+Each site runs its op (`harness.ops`) on the activation, reports the RNG output through the
+recording callback, then multiplies by its own weight.  What each region call returns (its output,
+as the caller sees it) is reported the same way under the region's name, and the loss under
+``loss``.  Which stream a site draws from follows the case's layout; how a region receives its
+input (and the context it is entered under) follows the program's passing.  The same `Workload`
+runs the reference (no checkpoint) and the checkpointed run, so the two differ only in the
+checkpoint function passed in.
 
-With `watch` (the reference run), every eager site draw also reports which streams it advanced to
-a `DrawWatch`, so the harness can check that the reference drew from the streams the layout says
+With a `watch` callback (the reference run), every eager site draw also reports which streams it
+advanced, so the harness can check that the reference drew from the streams the layout says
 before it trusts it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
-from .cases import Case, Interleave, Layout, Nesting
+from . import ops
+from .cases import Case, Interleave, Layout, Passing
 from .checkpoint.generators import default_generator
-from .streams import snapshot_streams, state_value
+from .programs import TORCH_DTYPES, Region, Site
+from .records import LOSS
+from .streams import state_value
 
-SHAPE = (64, 64)  # 4096 elements per mask and per gradient
-DROPOUT_P = 0.5
 GLOBAL_SEED = 1234  # torch.manual_seed for CPU and every CUDA device
 TRACKED_STREAM = "model-parallel"
 SHARED_STREAMS = ("shared-a", "shared-b")  # shared-b is an alias of shared-a
 STREAM_SEEDS = {TRACKED_STREAM: 2718, SHARED_STREAMS[0]: 3141}
 INTERLEAVE_NUMEL = 1000  # per live stream, between forward and backward
+AUTOCAST_DTYPE = torch.bfloat16  # the one autocast dtype CPU and CUDA both have
+KEYWORD = "inp"  # the keyword a region takes its input by, in the keyword passing
 
-FORWARD, RECOMPUTE = "forward", "recompute"
-LOSS = "loss"  # the MaskLog name of the loss; region outputs go under the region's name
-WARMUP, CAPTURE = -1, -2  # MaskLog iterations of the eager warm-up and of the capture itself
-
-CheckpointFn = Callable[..., Any]  # checkpoint(fn, *args) -> fn(*args), checkpointed
-
-
-@dataclass(frozen=True)
-class Site:
-    """One dropout: its name and the tracker stream it draws from (None: default generator)."""
-
-    name: str
-    stream: str | None
+# checkpoint(fn, args, kwargs, like) -> fn(*args, **kwargs), checkpointed; `like` is the tensor the
+# region's output must resemble (its input, wherever that input travels).
+CheckpointFn = Callable[[Callable[..., Any], tuple, dict, torch.Tensor], torch.Tensor]
+Record = Callable[[str, torch.Tensor], None]
+Watch = Callable[[str, bool, bool], None]  # site, advanced the default generator, advanced its stream
 
 
-@dataclass(frozen=True)
-class Region:
-    """A checkpointed function made of sites and inner regions, in order."""
-
-    name: str
-    items: tuple[Union[Site, "Region"], ...]
-
-    def sites(self) -> list[Site]:
-        out: list[Site] = []
-        for item in self.items:
-            out.extend(item.sites() if isinstance(item, Region) else [item])
-        return out
-
-
-def _stream_for(layout: Layout, index: int) -> str | None:
+def site_stream(layout: Layout, index: int) -> str | None:
+    """The tracker stream site number `index` draws from in `layout` (None: the default generator)."""
     if layout in (Layout.DEFAULT, Layout.UNTRACKED):
         return None
     if layout is Layout.TRACKED:
@@ -72,14 +55,8 @@ def _stream_for(layout: Layout, index: int) -> str | None:
 
 
 def plan(case: Case) -> tuple[Region, ...]:
-    """The top-level regions of `case`, with sites numbered s0, s1, ... in execution order."""
-    sites = [Site(f"s{i}", _stream_for(case.layout, i)) for i in range(4)]
-    if case.nesting is Nesting.FLAT:
-        return (Region("r0", (sites[0], sites[1])),)
-    if case.nesting is Nesting.NESTED:
-        inner = Region("r1", (sites[1], sites[2]))
-        return (Region("r0", (sites[0], inner, sites[3])),)
-    return (Region("r0", (sites[0], sites[1])), Region("r1", (sites[2], sites[3])))
+    """The top-level regions of `case`'s program (sites s0, s1, ..., regions r0, r1, ...)."""
+    return case.program.regions()
 
 
 def seed_all() -> None:
@@ -106,7 +83,9 @@ def make_tracker_streams(tracker: Any, layout: Layout) -> None:
 
 @dataclass
 class Tensors:
-    """Inputs and parameters of one case, made from a private generator (no global RNG used)."""
+    """Input and parameters of one case, made from a private generator (no global RNG used):
+    ``input``, ``weight.sN`` per site, ``matrix.rN`` per region where regions start with a matmul
+    (the autocast passing), and the loss weight."""
 
     x: torch.Tensor
     weights: dict[str, torch.Tensor]
@@ -115,51 +94,25 @@ class Tensors:
     @classmethod
     def make(cls, case: Case, device: torch.device) -> "Tensors":
         gen = torch.Generator().manual_seed(0)
-        names = [site.name for region in plan(case) for site in region.sites()]
+        program = case.program
+        dtype = getattr(torch, TORCH_DTYPES[program.dtype])
+        shape = program.shape_dims
 
-        def draw() -> torch.Tensor:
-            return (torch.rand(SHAPE, generator=gen) + 0.5).to(device)
+        def draw(size: tuple[int, int] = shape, scale: float = 1.0) -> torch.Tensor:
+            return ((torch.rand(size, generator=gen) + 0.5) * scale).to(device=device, dtype=dtype)
 
-        return cls(draw(), {name: draw() for name in names}, draw())
+        x = draw()
+        weights = {f"weight.{site.name}": draw() for site in program.sites()}
+        if program.passing is Passing.AUTOCAST:
+            weights.update({f"matrix.{r.name}": draw((shape[1], shape[1]), 1.0 / shape[1])
+                            for r in program.all_regions()})
+        return cls(x, weights, draw())
 
     def fresh_leaves(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """New leaf tensors (requires_grad) with the same values, for one run."""
         x = self.x.clone().requires_grad_(True)
         weights = {k: v.clone().requires_grad_(True) for k, v in self.weights.items()}
         return x, weights
-
-
-@dataclass
-class MaskLog:
-    """Masks by (iteration, site, phase); each key holds every draw in call order.
-
-    Eagerly, `record` files a copy under the current iteration.  Under CUDA-graph capture the copy
-    is a tensor of the graph's pool that every replay rewrites, so the runner calls `harvest(it)`
-    after each replay to copy the captured buffers out under iteration `it`.
-    """
-
-    masks: dict[tuple[int, str, str], list[torch.Tensor]] = field(default_factory=dict)
-    iteration: int = 0
-    phase: str = FORWARD  # the runner switches to RECOMPUTE before calling backward
-    captured: dict[tuple[str, str], list[torch.Tensor]] = field(default_factory=dict)
-
-    def start(self, iteration: int) -> None:
-        """Begin an iteration; a negative one (warm-up or capture) is not kept as a result."""
-        self.iteration, self.phase = iteration, FORWARD
-        if iteration < 0:
-            self.captured = {}
-
-    def record(self, site: str, mask: torch.Tensor) -> None:
-        copy = mask.detach().clone()
-        if self.iteration < 0:
-            self.captured.setdefault((site, self.phase), []).append(copy)
-        else:
-            self.masks.setdefault((self.iteration, site, self.phase), []).append(copy)
-
-    def harvest(self, iteration: int) -> None:
-        """File the captured buffers' current contents under `iteration` (after a replay)."""
-        for (site, phase), buffers in self.captured.items():
-            self.masks[(iteration, site, phase)] = [b.clone() for b in buffers]
 
 
 def alias_problem(tracker: Any, device: torch.device) -> str:
@@ -185,21 +138,25 @@ def alias_problem(tracker: Any, device: torch.device) -> str:
     return ""
 
 
-@dataclass
-class DrawWatch:
-    """Per site, for each eager draw: (advanced the device's default generator, advanced the
-    site's tracker stream).  Filled by a watched `Workload`; read by `reference.check_reference`."""
-
-    seen: dict[str, list[tuple[bool, bool]]] = field(default_factory=dict)
-
-    def add(self, site: str, default_moved: bool, stream_moved: bool) -> None:
-        self.seen.setdefault(site, []).append((default_moved, stream_moved))
-
-
 def _capturing() -> bool:
     # Not checkpoint.rng._capturing: tests patch that one to fake a capture for the checkpoint,
     # while the watch must see whether a draw really happens inside a graph capture.
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _entered(region_fn: Callable[[torch.Tensor], torch.Tensor], passing: Passing,
+             h: torch.Tensor) -> tuple[Callable[..., torch.Tensor], tuple, dict]:
+    """The region as a function of its input the way `passing` delivers it, with the arguments
+    to call it with: ``fn(h)``, ``fn(inp=h)``, ``fn()`` closing over h, ``fn([h])``, ``fn({'h': h})``."""
+    if passing is Passing.KEYWORD:
+        return (lambda *, inp: region_fn(inp)), (), {KEYWORD: h}
+    if passing is Passing.CLOSURE:
+        return (lambda: region_fn(h)), (), {}
+    if passing is Passing.LIST:
+        return (lambda hs: region_fn(hs[0])), ([h],), {}
+    if passing is Passing.DICT:
+        return (lambda d: region_fn(d["h"])), ({"h": h},), {}
+    return region_fn, (h,), {}
 
 
 class Workload:
@@ -212,31 +169,28 @@ class Workload:
         tracker: Any,
         weights: dict[str, torch.Tensor],
         checkpoint: CheckpointFn | None,
-        log: MaskLog,
-        watch: DrawWatch | None = None,
+        record: Record,
+        watch: Watch | None = None,
+        event: Callable[[str], None] | None = None,
     ) -> None:
         self.case, self.device, self.tracker = case, device, tracker
-        self.weights, self.checkpoint, self.log = weights, checkpoint, log
-        self.watch = watch
-        self.regions = plan(case)
-        self.events: list[tuple[int, str, dict[str, torch.Tensor]]] | None = None  # see `event`
-
-    def event(self, label: str) -> None:
-        """Record every stream's state under `label` (only when a timeline was asked for)."""
-        if self.events is not None and self.log.iteration != WARMUP:
-            self.events.append((self.log.iteration, label, snapshot_streams(self.tracker).states))
+        self.weights, self.checkpoint, self.record = weights, checkpoint, record
+        self.watch, self.event = watch, event or (lambda label: None)
+        self.program = case.program
+        self.regions = self.program.regions()
 
     def _stream(self, site: Site) -> contextlib.AbstractContextManager:
-        if site.stream is None:
+        stream = site_stream(self.case.layout, site.index)
+        if stream is None or self.tracker is None:
             return contextlib.nullcontext()
-        return self.tracker.fork(site.stream)
+        return self.tracker.fork(stream)
 
     def _states(self, site: Site) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The value of the device's default generator and of the site's tracker stream, now."""
-        stream = None
-        if site.stream is not None:
-            holder = self.tracker.generator(site.stream) if hasattr(self.tracker, "generator") \
-                else self.tracker.get_states()[site.stream]
+        stream, name = None, site_stream(self.case.layout, site.index)
+        if name is not None and self.tracker is not None:
+            holder = self.tracker.generator(name) if hasattr(self.tracker, "generator") \
+                else self.tracker.get_states()[name]
             stream = state_value(holder)
         return default_generator(self.device).get_state(), stream
 
@@ -244,40 +198,52 @@ class Workload:
         # Only eager draws are watched: a state read during capture is relative to the capture.
         before = self._states(site) if self.watch is not None and not _capturing() else None
         with self._stream(site):
-            h, mask = torch.native_dropout(h, DROPOUT_P, True)
+            out, drawn = ops.REGISTRY[site.op].apply(h, self.program.passing is not Passing.SDPA_KERNEL)
         if before is not None:
             after = self._states(site)
             stream_moved = before[1] is not None and not torch.equal(before[1], after[1])
-            self.watch.add(site.name, not torch.equal(before[0], after[0]), stream_moved)
-        self.log.record(site.name, mask)
+            self.watch(site.name, not torch.equal(before[0], after[0]), stream_moved)  # type: ignore[misc]
+        self.record(site.name, drawn)
         # The weight comes after the record on purpose: a non-reentrant recompute may stop early
         # once the last saved tensor is rebuilt (torch's early stop), and this multiply is what
-        # saves last, so every drawn mask is recorded before the stop.
-        return h * self.weights[site.name]
+        # saves last, so every RNG output is recorded before the stop.
+        return out * self.weights[f"weight.{site.name}"]
 
-    def _region_fn(self, region: Region) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _body(self, region: Region) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(h: torch.Tensor) -> torch.Tensor:
-            self.event(f"{self.log.phase} {region.name} entry")
+            self.event(f"{region.name} entry")
+            dtype = h.dtype
+            if self.program.passing is Passing.AUTOCAST:  # a matmul, which autocast runs in bfloat16
+                h = (h @ self.weights[f"matrix.{region.name}"]).to(dtype)
             for item in region.items:
                 h = self._call(item, h) if isinstance(item, Region) else self._site(item, h)
-            self.event(f"{self.log.phase} {region.name} exit")
-            return h
+            self.event(f"{region.name} exit")
+            return h.to(dtype)  # autocast may have changed it (attention runs in bfloat16 there)
 
         return run
 
+    def _context(self) -> contextlib.AbstractContextManager:
+        """The context a region is entered under: what backward does not have."""
+        if self.program.passing is Passing.AUTOCAST:
+            return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPE)
+        if self.program.passing is Passing.SDPA_KERNEL:
+            return ops.sdpa_context(self.program.op)
+        return contextlib.nullcontext()
+
     def _call(self, region: Region, h: torch.Tensor) -> torch.Tensor:
-        fn = self._region_fn(region)
-        out = fn(h) if self.checkpoint is None else self.checkpoint(fn, h)
-        self.log.record(region.name, out)  # what the caller got back from the region
+        fn, args, kwargs = _entered(self._body(region), self.program.passing, h)
+        with self._context():
+            out = fn(*args, **kwargs) if self.checkpoint is None else self.checkpoint(fn, args, kwargs, h)
+        self.record(region.name, out)  # what the caller got back from the region
         return out
 
     def forward(self, x: torch.Tensor, loss_weight: torch.Tensor) -> torch.Tensor:
-        """The scalar loss of one forward pass through every region (recorded as ``loss``)."""
+        """The scalar loss (float32) of one forward pass through every region (recorded as ``loss``)."""
         h = x
         for region in self.regions:
             h = self._call(region, h)
-        loss = (h * loss_weight).sum()
-        self.log.record(LOSS, loss)
+        loss = (h * loss_weight).float().sum()
+        self.record(LOSS, loss)
         return loss
 
     def interleaved_draws(self, include_cpu: bool = True, include_device: bool = True) -> None:
@@ -301,22 +267,16 @@ class Workload:
 
     def checkpointed_sites(self) -> list[str]:
         """Names of the sites inside a checkpointed region (all of them, in this workload)."""
-        return [site.name for region in self.regions for site in region.sites()]
+        return [site.name for site in self.program.sites()]
+
+    def drawing_sites(self) -> list[str]:
+        """Names of the sites whose op draws random numbers (all but ``nodraw`` ones)."""
+        return [site.name for site in self.program.sites() if ops.REGISTRY[site.op].draws]
 
     def output_names(self) -> list[str]:
         """Names under which region outputs (every region, nested ones too) and the loss are kept."""
-        names: list[str] = []
-
-        def walk(region: Region) -> None:
-            names.append(region.name)
-            for item in region.items:
-                if isinstance(item, Region):
-                    walk(item)
-
-        for region in self.regions:
-            walk(region)
-        return [*names, LOSS]
+        return [*(region.name for region in self.program.all_regions()), LOSS]
 
     def site_streams(self) -> dict[str, str | None]:
         """Site name -> tracker stream name (None: the default generator)."""
-        return {site.name: site.stream for region in self.regions for site in region.sites()}
+        return {site.name: site_stream(self.case.layout, site.index) for site in self.program.sites()}

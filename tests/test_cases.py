@@ -18,13 +18,17 @@ from harness.cases import (
     Nesting,
     filters_from_mapping,
     generate,
+    PINNED,
+    covering,
     invalid_reason,
     parse_case_id,
     parse_value,
 )
+from harness.programs import parse_program
 
-ID_PATTERN = re.compile(r"^[a-z0-9.-]+$")
+ID_PATTERN = re.compile(r"^[a-z0-9_.-]+$")
 ALL_CASES = list(generate())
+CLASSIC = "flat,nested,siblings"  # the first matrix's programs
 
 
 def _values(axis: str) -> list[str]:
@@ -34,16 +38,18 @@ def _values(axis: str) -> list[str]:
 # --- counts -------------------------------------------------------------------------------------
 
 
-def test_full_matrix_has_240_cases():
-    assert len(ALL_CASES) == 240
+def test_first_matrix_is_still_all_240_of_its_cases():
+    assert len(list(generate(program=CLASSIC))) == 240
+    assert len(list(generate(program=CLASSIC, device="cpu"))) == 60
+    assert len(list(generate(program=CLASSIC, device="cuda"))) == 180
 
 
-def test_cpu_matrix_has_60_cases():
-    assert len(list(generate(device="cpu"))) == 60
-
-
-def test_cuda_matrix_has_180_cases():
-    assert len(list(generate(device="cuda"))) == 180
+def test_default_matrix_is_the_first_matrix_plus_the_covering_programs_plus_the_pinned_cases():
+    for device, first in ((Device.CPU, 60), (Device.CUDA, 180)):
+        ids = [c.id for c in generate(device=device)]
+        pinned = {f"{p}-{device.value}" for p in PINNED} - {c.id for c in covering(device)}
+        assert len(ids) == first + len(covering(device)) + len(pinned)
+        assert pinned <= set(ids)
 
 
 def test_cpu_cases_are_all_eager():
@@ -79,11 +85,15 @@ def test_case_ids_are_unique():
 
 
 def test_case_id_joins_values_in_axis_order():
-    case = Case(Mode.NONREENTRANT, Layout.TRACKED, Capture.SEPARATE, Nesting.NESTED,
+    case = Case(Mode.NONREENTRANT, Layout.TRACKED, Capture.SEPARATE, parse_program("nested"),
                 Interleave.DRAWS, Device.CUDA)
     assert case.id == "nonreentrant-tracked-separate-nested-draws-cuda"
     assert str(case) == case.id
-    assert list(case.axis_values()) == list(AXES)
+    assert list(case.axis_values()) == [*AXES, "program"]
+    other = Case(Mode.REENTRANT, Layout.MIXED, Capture.SINGLE, parse_program("rand.bf16.odd.keyword.deep"),
+                 Interleave.NONE, Device.CUDA)
+    assert other.id == "reentrant-mixed-single-rand.bf16.odd.keyword.deep-none-cuda"
+    assert other.axis_values()["op"] == "rand" and other.nesting is Nesting.DEEP
 
 
 def test_parse_case_id_ignores_surrounding_whitespace():
@@ -120,8 +130,8 @@ def test_filter_accepts_list_of_strings_and_members():
 
 
 def test_filtered_count_is_the_product_of_the_restricted_axes():
-    cases = list(generate(device="cpu", mode="reentrant", layout="tracked,mixed"))
-    # 2 layouts x 1 capture (eager) x 3 nestings x 2 interleaves
+    cases = list(generate(device="cpu", mode="reentrant", layout="tracked,mixed", program=CLASSIC))
+    # 2 layouts x 1 capture (eager) x 3 programs x 2 interleaves
     assert len(cases) == 12
     assert all(c.mode is Mode.REENTRANT and c.device is Device.CPU for c in cases)
 
@@ -178,7 +188,7 @@ def test_parse_value_rejects_unknown_axis():
 def test_bad_id_with_wrong_part_count_names_the_expected_parts(bad_id):
     with pytest.raises(CaseError) as excinfo:
         parse_case_id(bad_id)
-    assert "mode-layout-capture-nesting-interleave-device" in str(excinfo.value)
+    assert "mode-layout-capture-program-interleave-device" in str(excinfo.value)
 
 
 def test_bad_id_with_unknown_value_names_valid_values():
@@ -207,9 +217,11 @@ def test_generate_order_is_stable_between_calls():
     assert [c.id for c in generate()] == [c.id for c in ALL_CASES]
 
 
-def test_generate_order_starts_with_the_first_value_of_every_axis():
+def test_generate_order_is_device_then_program_then_the_axes():
     assert ALL_CASES[0].id == "reentrant-default-eager-flat-none-cpu"
-    assert ALL_CASES[-1].id == "nonreentrant-untracked-single-siblings-draws-cuda"
+    classic_cuda = list(generate(device="cuda", program=CLASSIC))
+    assert classic_cuda[-1].id == "nonreentrant-untracked-single-siblings-draws-cuda"
+    assert ALL_CASES[-1].id == f"{PINNED[-1]}-cuda"
 
 
 def test_filtered_generation_keeps_the_full_order():

@@ -75,7 +75,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
 
 
 def test_list_prints_the_selected_ids(capsys):
-    assert main(["list", "--device", "cpu", "--layout", "shared", "--nesting", "flat"]) == 0
+    assert main(["list", "--device", "cpu", "--layout", "shared", "--program", "flat"]) == 0
     ids = capsys.readouterr().out.split()
     assert ids == [
         "reentrant-shared-eager-flat-none-cpu", "reentrant-shared-eager-flat-draws-cpu",
@@ -85,7 +85,7 @@ def test_list_prints_the_selected_ids(capsys):
 
 def test_run_writes_the_stable_schema_and_exits_0_when_failures_are_expected(tmp_path, capsys):
     status = main(["run", "--impl", "bundled,torch", "--device", "cpu", "--layout", "tracked",
-                   "--nesting", "flat", "--report-dir", str(tmp_path), "-q"])
+                   "--program", "flat", "--report-dir", str(tmp_path), "-q"])
     assert status == 0
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(records) == 8
@@ -166,7 +166,7 @@ def test_repro_of_an_impl_whose_package_is_missing_is_bad_input():
 @not_installed("megatron")
 def test_allow_unsupported_runs_a_missing_package_and_the_report_lists_why(tmp_path):
     proc = cli("run", "--impl", "megatron", "--allow-unsupported", "--device", "cpu", "--layout", "tracked",
-               "--report-dir", str(tmp_path))
+               "--program", "flat,nested,siblings", "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = records(tmp_path)
     assert len(got) == 12 and {r["outcome"] for r in got} == {"unsupported"}
@@ -179,7 +179,7 @@ def test_allow_unsupported_runs_a_missing_package_and_the_report_lists_why(tmp_p
 @not_installed("megatron")
 @not_installed("transformer_engine")
 def test_impls_that_all_brought_in_may_be_unsupported(tmp_path):
-    proc = cli("run", "--impl", "all", "--device", "cpu", "--layout", "tracked", "--nesting", "flat",
+    proc = cli("run", "--impl", "all", "--device", "cpu", "--layout", "tracked", "--program", "flat",
                "--interleave", "none", "--no-isolate", "-q", "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     external = ("megatron", "megatron-graphsafe", "transformer-engine")
@@ -212,7 +212,7 @@ def test_an_impl_that_declines_every_case_fails_the_run_unless_allowed(tmp_path)
 
 def test_bundled_like_impls_must_support_every_case(tmp_path):
     impl = "faulty_adapters:make_bundled_declining_one"
-    proc = cli("run", "--impl", impl, "--device", "cpu", "--layout", "default", "--nesting", "flat",
+    proc = cli("run", "--impl", impl, "--device", "cpu", "--layout", "default", "--program", "flat",
                "--report-dir", str(tmp_path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     got = {r["case_id"]: r for r in records(tmp_path)}
@@ -303,7 +303,7 @@ def test_an_isolated_case_names_the_adapter_as_given_too(tmp_path):
 
 def test_the_command_line_does_not_import_pytest(tmp_path):
     probe = ("import runpy, sys\n"
-             f"sys.argv = ['harness', 'run', '--device', 'cpu', '--layout', 'default', '--nesting', 'flat',"
+             f"sys.argv = ['harness', 'run', '--device', 'cpu', '--layout', 'default', '--program', 'flat',"
              f" '--no-isolate', '-q', '--report-dir', {str(tmp_path)!r}]\n"
              "try:\n    runpy.run_module('harness', run_name='__main__')\nexcept SystemExit as exc:\n"
              "    print('exit', exc.code)\n"

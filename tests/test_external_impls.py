@@ -44,7 +44,7 @@ from harness.impls.transformer_engine import TransformerEngineAdapter
 from harness.runner import Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU_CASES = tuple(generate(device="cpu"))
+CPU_CASES = tuple(generate(device="cpu", program="flat,nested,siblings"))  # the first matrix
 CUDA_CASE = parse_case_id("reentrant-tracked-eager-flat-none-cuda")
 TRACKED_LAYOUTS = {Layout.TRACKED, Layout.MIXED}  # the shared layout is unsupported (no aliases)
 NO_ALIASES = "has no aliases: the shared layout would test only the harness's own alias bookkeeping"
@@ -750,7 +750,7 @@ def test_third_party_adapter_is_found_by_module_and_factory(third_party):
 def test_third_party_entry_point_works_from_the_command_line(third_party, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(third_party), str(ROOT)])}
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--impl", "theirs", "--device", "cpu", "--nesting", "flat",
+        [sys.executable, "-m", "harness", "run", "--impl", "theirs", "--device", "cpu", "--program", "flat",
          "--interleave", "none", "--layout", "default,tracked", "--mode", "reentrant",
          "--report-dir", str(tmp_path / "report"), "-q", "--no-isolate"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,  # a last resort, not a speed test

@@ -1,7 +1,9 @@
 """Meta-tests: the harness catches each negative control, in exactly the expected cells.
 
-Every shipped impl runs the eager CPU matrix once (cached per impl); the tests assert which cases
-pass and which mismatch, and which oracle reports the failure.  A harness that cannot fail is
+Every shipped impl runs the eager CPU cases of the first matrix's programs (flat, nested,
+siblings) once (cached per impl); the tests assert which cases pass and which mismatch, and which
+oracle reports the failure.  `test_controls_over_programs` checks the controls whose bug shows
+whatever the program over one case of each op, dtype, shape, passing and nesting.  A harness that cannot fail is
 worthless, and so is one that fails the correct implementation.
 """
 
@@ -15,9 +17,9 @@ import pytest
 from harness import cases, impls, runner
 from harness.cases import Case, Interleave, Layout, Nesting
 from harness.runner import CaseResult, Outcome
-from harness.workload import plan
+from harness.workload import plan, site_stream
 
-CPU_CASES = tuple(cases.generate(device="cpu"))
+CPU_CASES = tuple(cases.generate(device="cpu", program="flat,nested,siblings"))
 
 TRACKER_LAYOUTS = (Layout.TRACKED, Layout.MIXED, Layout.SHARED)
 EVERY_ORACLE_OF_A_SKIPPED_REWIND = {"forward-mask", "recompute-mask", "gradient", "live-stream", "output"}
@@ -67,6 +69,7 @@ EXPECTED_MISMATCH: dict[str, Callable[[Case], bool]] = {
 }
 # Controls whose bug cannot show on the eager CPU matrix; they must at least pass it cleanly.
 CAPTURE_ONLY = ("neg-host-values",)
+PROGRAM_ONLY: tuple[str, ...] = ()  # controls whose bug needs a program beyond the first matrix's
 TRACKER_BLIND = ("torch", "neg-ignore-tracker")  # save only the device default generators
 NEVER_REWOUND = ("neg-live-handles", "neg-no-rewind")  # recompute draws at a later offset
 
@@ -94,7 +97,7 @@ def site_name(subject: str) -> str:
 
 
 def site_streams(case: Case) -> dict[str, str | None]:
-    return {site.name: site.stream for region in plan(case) for site in region.sites()}
+    return {site.name: site_stream(case.layout, site.index) for region in plan(case) for site in region.sites()}
 
 
 def recompute_mismatch_sites(result: CaseResult) -> set[str]:
@@ -222,13 +225,13 @@ def test_every_negative_control_has_expectations():
 
 def test_every_eager_negative_control_is_caught_somewhere():
     for name in impls.NEGATIVE_CONTROLS:
-        if name not in CAPTURE_ONLY:
+        if name not in CAPTURE_ONLY + PROGRAM_ONLY:
             caught = [r for r in results(name).values() if r.outcome is not Outcome.PASS]
             assert caught, f"{name} passes every case: the harness cannot see its bug"
 
 
 def test_capture_only_controls_are_shipped_controls():
-    assert set(CAPTURE_ONLY) <= set(impls.NEGATIVE_CONTROLS)
+    assert set(CAPTURE_ONLY + PROGRAM_ONLY) <= set(impls.NEGATIVE_CONTROLS)
 
 
 def test_expectations_name_only_shipped_impls():

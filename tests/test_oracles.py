@@ -27,7 +27,7 @@ from harness.oracles import (
     recompute_masks,
 )
 from harness.streams import StreamSnapshot, describe_state
-from harness.workload import FORWARD, LOSS, RECOMPUTE, MaskLog
+from harness.records import FORWARD, LOSS, RECOMPUTE, MaskLog
 
 SITES = ["s0", "s1"]
 OUTPUTS = ["r0", LOSS]

@@ -41,9 +41,10 @@ def test_unknown_impl_is_one_line_and_exit_2(tmp_path):
 
 
 def test_known_failures_are_strict_xfails_and_reach_the_report(tmp_path):
-    proc = pytest_run("--impl", "torch,bundled", "--device", "cpu", "-k", "flat-none", "--report-dir", str(tmp_path))
+    proc = pytest_run("--impl", "torch,bundled", "--device", "cpu", "--program", "flat", "-k", "flat-none",
+                      "--report-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:]
-    assert "14 passed, 100 deselected, 6 xfailed" in proc.stdout
+    assert "14 passed, 20 deselected, 6 xfailed" in proc.stdout
     got = records(tmp_path)
     assert got[("torch", "reentrant-tracked-eager-flat-none-cpu")]["verdict"] == "xfail"
     assert got[("bundled", "reentrant-tracked-eager-flat-none-cpu")]["verdict"] == "pass"
@@ -126,7 +127,8 @@ def test_an_impl_that_declines_every_case_fails_the_run_unless_allowed(tmp_path)
 
 def test_bundled_like_impls_must_support_every_case(tmp_path):
     impl = "faulty_adapters:make_bundled_declining_one"
-    proc = pytest_run("--impl", impl, "--device", "cpu", "-m", "default and flat", "--report-dir", str(tmp_path))
+    proc = pytest_run("--impl", impl, "--device", "cpu", "--program", "flat", "-m", "default",
+                      "--report-dir", str(tmp_path))
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "1 failed, 3 passed" in proc.stdout
     failed = failures(proc.stdout)

@@ -13,9 +13,9 @@ import re
 import pytest
 import torch
 
-from harness.oracles import RunRecord
+from harness.records import RunRecord
 from harness.reference import ReferenceCheckError, check_reference
-from harness.workload import FORWARD, MaskLog
+from harness.records import FORWARD, MaskLog
 
 SITE_STREAMS = {"s0": None, "s1": "tp"}  # s0 on the default generator, s1 on tracker stream tp
 ITERATIONS = 2

@@ -28,8 +28,17 @@ def _is_inplace(func: Any) -> bool:
     return func._schema.name.endswith("_")
 
 
+def _same_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy with `t`'s strides, not a compact one: kernels check the layout of what they get
+    back (memory-efficient attention's log-sum-exp is a padded view: 'LSE is not correctly
+    aligned' on a compact copy).  Overlapping layouts (a zero stride) are copied compactly."""
+    if 0 in t.stride():
+        return t.clone()
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
 def _copy(value: Any) -> Any:
-    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, value)
+    return tree_map(lambda t: _same_layout(t) if isinstance(t, torch.Tensor) else t, value)
 
 
 class RNGStash(TorchDispatchMode):

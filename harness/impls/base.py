@@ -31,12 +31,20 @@ class Adapter:
         """A fresh RNG states tracker for `device` (None where the impl has no tracker concept)."""
         return RNGStatesTracker(device)
 
-    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any) -> Any:
-        """Run ``fn(*args)`` as a checkpointed region and return its output."""
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as a checkpointed region and return its output.  Tensors
+        may arrive positionally, by keyword, or inside lists and dicts; an adapter whose
+        checkpoint cannot take some of these declares those cases in `supports`."""
         raise NotImplementedError
 
     def supports(self, case: Case) -> str | None:
         """None when the impl can run `case`, else the reason it cannot."""
+        return None
+
+    def limit(self, case: Case) -> str | None:
+        """For an impl that must support every case (`must_support_all`): the reason it declares
+        `case` a known limit (then `unsupported` is its honest answer, listed in the report), or
+        None.  Any other unsupported case of such an impl is a failure."""
         return None
 
     def unavailable(self) -> str | None:

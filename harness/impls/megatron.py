@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from ..cases import Case, Device, Layout, Mode
+from ..cases import Case, Device, Layout, Mode, Passing
 from .base import Adapter
 
 RANDOM_MODULE = "megatron.core.tensor_parallel.random"
@@ -297,6 +297,9 @@ class MegatronAdapter(Adapter):
                     f"(torch.cuda RNG state, CUDA default generators); no {case.device.value} path")
         if case.layout is Layout.SHARED:
             return no_aliases_reason("Megatron-core's CudaRNGStatesTracker")
+        if case.passing is Passing.KEYWORD:
+            return ("megatron.core.tensor_parallel.checkpoint(function, distribute_saved_activations, *args) "
+                    "passes no keyword arguments to the region")
         if case.mode is Mode.NONREENTRANT:
             return ("Megatron-core's tensor_parallel.checkpoint is reentrant only (an autograd.Function); "
                     "its other path, CheckpointWithoutOutput, is no drop-in checkpoint (the caller "
@@ -335,11 +338,13 @@ class MegatronAdapter(Adapter):
                 "(something re-initialised it between make_tracker and checkpoint)"
             )
 
-    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any) -> Any:
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         random = self.module()
         if not reentrant:
             raise NotImplementedError("Megatron-core's checkpoint is reentrant only")
         self._global_tracker_for(random, tracker)
+        if kwargs:
+            raise TypeError("megatron.core.tensor_parallel.checkpoint takes no keyword arguments for the region")
         return random.checkpoint(fn, False, *args)
 
 

@@ -10,6 +10,7 @@ import contextlib
 from typing import Any, Iterator
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ..checkpoint import RNGStatesTracker, StateValues
 from ..checkpoint.generators import device_default_generators
@@ -110,6 +111,7 @@ def make_no_rewind() -> Adapter:
     return _control("neg-no-rewind", NoRewindPolicy(), "never rewinds for the recompute")
 
 
+
 # --- controls that prove the other oracles and the reference check can fail ----------------------
 
 
@@ -120,37 +122,43 @@ class NoRecomputeAdapter(BundledAdapter):
     site was never recomputed" can tell.
     """
 
-    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any) -> Any:
-        return fn(*args)
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
 
 
 class StaleRNGAdapter(BundledAdapter):
     """Bug: puts every live stream back where it was after a region's forward, as a graph that
     replays stale RNG would: the next iteration redraws the same masks (fresh-randomness)."""
 
-    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any) -> Any:
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         before = StateValues.take(live_generators(tracker))
-        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
         before.write_back()
         return out
+
+
+def _busiest_device() -> torch.device:
+    """Where a region with no tensor argument and no tracker computes: CUDA where there is one."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 class ExtraDrawAdapter(BundledAdapter):
     """Bug: the checkpoint draws from the device's default generator before running the region,
     so the forward's masks are not the reference's (forward-mask)."""
 
-    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any) -> Any:
-        device = args[0].device
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        device = tensors[0].device if tensors else getattr(tracker, "device", None) or _busiest_device()
         torch.empty(1, device=device).uniform_()
-        return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+        return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
 
 
 class WrongOutputAdapter(BundledAdapter):
     """Bug: returns the region's output with one element changed by a constant; masks, gradients
     of the region's inputs and streams stay right (output)."""
 
-    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any) -> Any:
-        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker)
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
         bump = torch.zeros_like(out)
         bump.view(-1)[:1].fill_(1.0)  # a kernel, no host copy: fine inside a CUDA graph capture
         return out + bump  # a constant: the gradient of `out` is unchanged

@@ -85,9 +85,10 @@ class TransformerEngineAdapter(Adapter):
     def make_tracker(self, device: Any) -> TrackerView:
         return TrackerView(self.module().CudaRNGStatesTracker(), device)
 
-    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any) -> Any:
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **region_kwargs: Any) -> Any:
         distributed = self.module()
-        kwargs: dict[str, Any] = {"use_reentrant": reentrant}
+        # te.checkpoint pops its own keywords and passes the rest to the region.
+        kwargs: dict[str, Any] = {**region_kwargs, "use_reentrant": reentrant}
         if tracker is not None:
             real = getattr(tracker, "real", tracker)
             kwargs["get_rng_state_tracker"] = lambda: real

@@ -1,0 +1,206 @@
+"""The RNG consumers a site can use: one registry entry each, with what it records.
+
+An entry's `apply(h, own_backend)` takes the activation `h` and returns ``(out, drawn)``: the
+activation the site passes on (before its weight multiplies it) and the RNG output the harness
+records and compares bit for bit (the mask, the random tensor, the sampled indices; for attention
+dropout the attention output, since the kernel keeps its mask).  Every op draws from the device's
+default generator, so a tracker's ``fork(name)`` around it makes it draw from that stream.
+
+`unrunnable(op, dtype, shape, device)` says why this environment cannot run an op at all (an
+attention backend that this GPU, build or input does not offer), probed once per combination.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .programs import ATTENTION_VIEWS, SDPA_OPS, SHAPES, TORCH_DTYPES, Dtype, Op, Shape
+
+DROPOUT_P = 0.5
+
+SHAPE_OF = {dims: shape for shape, dims in SHAPES.items()}
+Apply = Callable[[torch.Tensor, bool], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One RNG consumer: how it runs and what it records."""
+
+    op: Op
+    apply: Apply
+    records: str  # what the recorded RNG output is, for readers of a report
+    draws: bool = True  # False for the site that draws nothing
+    cuda_only: bool = False
+    dtypes: tuple[Dtype, ...] = tuple(Dtype)
+    any_shape: bool = True  # False: the attention kernels need a head dim divisible by 8
+    # Its backward accumulates with atomics (run to run different bits on CUDA) unless torch's
+    # deterministic mode is on: without it the reference itself would not be reproducible.
+    deterministic_mode: bool = False
+    # False: on CUDA even two identical runs may differ (seen on an H200, torch 2.11: efficient and
+    # flash attention backward at 2^20 elements, deterministic mode or not).  The runner runs the
+    # reference of such a case twice and skips the case, saying so, when the two differ.
+    reproducible: bool = True
+
+
+def _native_dropout(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out, mask = torch.native_dropout(h, DROPOUT_P, True)
+    return out, mask
+
+
+def _dropout(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out = F.dropout(h, DROPOUT_P, training=True)
+    return out, out
+
+
+def _dropout_inplace(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out = F.dropout(h.clone(), DROPOUT_P, training=True, inplace=True)  # in place on a non-leaf
+    return out, out
+
+
+def _scaled(draw: Callable[[torch.Tensor], torch.Tensor]) -> Apply:
+    """A site that multiplies the activation by a random tensor of its shape."""
+
+    def apply(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        drawn = draw(h)
+        return h * drawn, drawn
+
+    return apply
+
+
+def _multinomial(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    probs = torch.ones(h.shape, dtype=h.dtype, device=h.device)
+    index = torch.multinomial(probs, h.shape[1], replacement=True)
+    # Scaled by the sampled indices, not gathered: gather's backward (a scatter-add with repeated
+    # indices) accumulates in a nondeterministic order on CUDA, which no checkpoint can match.
+    return h * (index + 1).to(h.dtype) / h.shape[1], index
+
+
+def _randperm(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    index = torch.randperm(h.numel(), device=h.device)
+    return h.reshape(-1)[index].view(h.shape), index
+
+
+def _nodraw(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return h, h
+
+
+BACKENDS = {
+    Op.SDPA_MATH: "MATH", Op.SDPA_EFFICIENT: "EFFICIENT_ATTENTION",
+    Op.SDPA_FLASH: "FLASH_ATTENTION", Op.SDPA_CUDNN: "CUDNN_ATTENTION",
+}
+
+
+def sdpa_backend(op: Op) -> "torch.nn.attention.SDPBackend":
+    """The `SDPBackend` an attention op runs on."""
+    from torch.nn.attention import SDPBackend
+
+    return getattr(SDPBackend, BACKENDS[op])
+
+
+def sdpa_context(op: Op) -> contextlib.AbstractContextManager:
+    """``sdpa_kernel(backend)`` for an attention op (a no-op context for any other op)."""
+    if op not in SDPA_OPS:
+        return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel(sdpa_backend(op))
+
+
+def _attention(op: Op) -> Apply:
+    def apply(h: torch.Tensor, own_backend: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        view = ATTENTION_VIEWS[SHAPE_OF[tuple(h.shape)]]
+        q = h.view(view)
+        # The backend is chosen here unless the region was entered under sdpa_kernel (the
+        # 'sdpa_kernel' passing), which is what tells whether a checkpoint replays that context.
+        with sdpa_context(op) if own_backend else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(q, q, q, dropout_p=DROPOUT_P, scale=1.0 / view[3])
+        return out.reshape(h.shape), out
+
+    return apply
+
+
+def _attention_spec(op: Op) -> OpSpec:
+    half = (Dtype.BF16, Dtype.F16)
+    return OpSpec(op, _attention(op), "the attention output (the kernel keeps its dropout mask)",
+                  cuda_only=op is not Op.SDPA_MATH,
+                  dtypes=half if op in (Op.SDPA_FLASH, Op.SDPA_CUDNN) else tuple(Dtype),
+                  any_shape=op is Op.SDPA_MATH,
+                  deterministic_mode=op in (Op.SDPA_EFFICIENT, Op.SDPA_FLASH),
+                  reproducible=op is Op.SDPA_MATH)
+
+
+REGISTRY: dict[Op, OpSpec] = {spec.op: spec for spec in (
+    OpSpec(Op.NATIVE_DROPOUT, _native_dropout, "the dropout mask torch.native_dropout returns"),
+    OpSpec(Op.DROPOUT, _dropout, "F.dropout's output"),
+    OpSpec(Op.DROPOUT_INPLACE, _dropout_inplace, "F.dropout(inplace=True)'s output"),
+    OpSpec(Op.BERNOULLI, _scaled(lambda h: torch.empty_like(h).bernoulli_(DROPOUT_P)),
+           "the tensor bernoulli_(0.5) filled"),
+    OpSpec(Op.RAND, _scaled(lambda h: torch.rand(h.shape, dtype=h.dtype, device=h.device)), "torch.rand's tensor"),
+    OpSpec(Op.RANDN, _scaled(lambda h: torch.randn(h.shape, dtype=h.dtype, device=h.device)), "torch.randn's tensor"),
+    OpSpec(Op.RAND_LIKE, _scaled(torch.rand_like), "torch.rand_like's tensor"),
+    OpSpec(Op.RANDINT, _scaled(lambda h: torch.randint(1, 4, h.shape, dtype=h.dtype, device=h.device)),
+           "torch.randint(1, 4)'s tensor"),
+    OpSpec(Op.NORMAL, _scaled(lambda h: torch.empty_like(h).normal_(1.0, 0.5)), "the tensor normal_(1, 0.5) filled"),
+    OpSpec(Op.UNIFORM, _scaled(lambda h: torch.empty_like(h).uniform_(0.5, 1.5)),
+           "the tensor uniform_(0.5, 1.5) filled"),
+    OpSpec(Op.MULTINOMIAL, _multinomial, "the indices torch.multinomial sampled (one row per activation row)"),
+    OpSpec(Op.RANDPERM, _randperm, "the permutation torch.randperm drew"),
+    *(_attention_spec(op) for op in SDPA_OPS),
+    OpSpec(Op.NODRAW, _nodraw, "the activation (nothing is drawn)", draws=False),
+)}
+
+
+@contextlib.contextmanager
+def determinism(op: Op) -> "Iterator[None]":
+    """torch's deterministic mode (warn-only: ops without a deterministic kernel still run) for
+    the ops whose backward needs it (`OpSpec.deterministic_mode`); the setting is put back after."""
+    if not REGISTRY[op].deterministic_mode:
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def invalid_reason(op: Op, dtype: Dtype, shape: Shape, device: str) -> str | None:
+    """Why `op` cannot run with this dtype, shape or device type anywhere (None: it can)."""
+    spec = REGISTRY[op]
+    if spec.cuda_only and device != "cuda":
+        return f"{op.value} needs a cuda device"
+    if dtype not in spec.dtypes:
+        return f"{op.value} has no {TORCH_DTYPES[dtype]} kernel"
+    if not spec.any_shape and ATTENTION_VIEWS[shape][3] % 8:
+        return f"{op.value} needs a head dim divisible by 8 (the {shape.value} shape has {ATTENTION_VIEWS[shape][3]})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def unrunnable(op: Op, dtype: Dtype, shape: Shape, device: str) -> str | None:
+    """Why this machine cannot run `op` on this input (an attention backend that its GPU or torch
+    build does not offer for it), or None.  Probed once per combination with a real call."""
+    if op not in SDPA_OPS or op is Op.SDPA_MATH:
+        return None
+    if device == "cuda" and not torch.cuda.is_available():
+        return None  # the case is skipped for want of CUDA anyway
+    view = ATTENTION_VIEWS[shape]
+    q = torch.zeros(view, dtype=getattr(torch, TORCH_DTYPES[dtype]), device=device, requires_grad=True)
+    state = torch.cuda.get_rng_state(q.device) if q.device.type == "cuda" else None
+    try:
+        with sdpa_context(op):
+            F.scaled_dot_product_attention(q, q, q, dropout_p=DROPOUT_P).sum().backward()
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"{op.value} cannot run {TORCH_DTYPES[dtype]} {tuple(view)} with dropout here: {first}"
+    finally:
+        if state is not None:
+            torch.cuda.set_rng_state(state, q.device)
+    return None

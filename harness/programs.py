@@ -1,0 +1,234 @@
+"""Region programs: what a case runs, as data (DESIGN section 3).
+
+A program is a tree of checkpointed regions and sites.  It is named by five factors:
+
+* ``op``: the RNG consumer of its sites (`harness.ops`; ``nodraw`` alternates a site that draws
+  nothing with a dropout site);
+* ``dtype``: of the activations, weights and RNG outputs (``f32``, ``bf16``, ``f16``);
+* ``shape``: of the activation every site works on: ``small`` 64x64, ``odd`` 63x65 (an odd element
+  count) or ``large`` 1024x1024 (2^20 elements: CUDA's Philox offset moves by a different amount
+  per call than for the small shapes);
+* ``passing``: how a region receives its input (``positional``, ``keyword``, ``closure``, inside a
+  ``list`` or a ``dict``), or the context it is entered under that backward does not have
+  (``autocast``: bfloat16 autocast, each region starting with a matmul that autocast affects;
+  ``sdpa_kernel``: the attention backend chosen around the region rather than around the op);
+* ``nesting``: the tree (``flat``, ``nested``, ``siblings``, ``deep``: three levels, ``wide``: three
+  sibling regions, whose recomputes are all pending at once).
+
+A program's name is its five factors joined by '.', e.g. ``rand.bf16.odd.keyword.deep``, except that
+the programs of the first matrix (one or two ``native_dropout`` sites per region, float32 64x64,
+positional input) are named by their nesting alone (``flat``, ``nested``, ``siblings``, and so
+``deep`` and ``wide``): every case id of that matrix still names the same case.  Which stream a site
+draws from is the case's layout, not the program's (`site_stream`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Iterator, Union
+
+
+class Op(enum.Enum):
+    """The RNG consumers of `harness.ops` (one registry entry each)."""
+
+    NATIVE_DROPOUT = "native_dropout"
+    DROPOUT = "dropout"
+    DROPOUT_INPLACE = "dropout_inplace"
+    BERNOULLI = "bernoulli_"
+    RAND = "rand"
+    RANDN = "randn"
+    RAND_LIKE = "rand_like"
+    RANDINT = "randint"
+    NORMAL = "normal_"
+    UNIFORM = "uniform_"
+    MULTINOMIAL = "multinomial"
+    RANDPERM = "randperm"
+    SDPA_MATH = "sdpa_math"
+    SDPA_EFFICIENT = "sdpa_efficient"
+    SDPA_FLASH = "sdpa_flash"
+    SDPA_CUDNN = "sdpa_cudnn"
+    NODRAW = "nodraw"
+
+
+class Dtype(enum.Enum):
+    F32 = "f32"
+    BF16 = "bf16"
+    F16 = "f16"
+
+
+class Shape(enum.Enum):
+    SMALL = "small"
+    ODD = "odd"
+    LARGE = "large"
+
+
+class Passing(enum.Enum):
+    """How a region's input reaches it, or the context the region is entered under."""
+
+    POSITIONAL = "positional"
+    KEYWORD = "keyword"
+    CLOSURE = "closure"
+    LIST = "list"
+    DICT = "dict"
+    AUTOCAST = "autocast"
+    SDPA_KERNEL = "sdpa_kernel"
+
+
+class Nesting(enum.Enum):
+    """How checkpointed regions are arranged."""
+
+    FLAT = "flat"  # one region
+    NESTED = "nested"  # a region inside a region
+    SIBLINGS = "siblings"  # two regions one after the other
+    DEEP = "deep"  # three levels: a region inside a region inside a region
+    WIDE = "wide"  # three regions one after the other: three recomputes pending at once
+
+
+# Factor name -> enum, in name order.
+FACTORS: dict[str, type[enum.Enum]] = {
+    "op": Op, "dtype": Dtype, "shape": Shape, "passing": Passing, "nesting": Nesting,
+}
+
+SHAPES = {Shape.SMALL: (64, 64), Shape.ODD: (63, 65), Shape.LARGE: (1024, 1024)}
+# The (batch, heads, sequence, head dim) view an attention site takes of the activation.
+ATTENTION_VIEWS = {Shape.SMALL: (1, 1, 64, 64), Shape.ODD: (1, 1, 63, 65), Shape.LARGE: (1, 16, 256, 256)}
+TORCH_DTYPES = {Dtype.F32: "float32", Dtype.BF16: "bfloat16", Dtype.F16: "float16"}
+SDPA_OPS = (Op.SDPA_MATH, Op.SDPA_EFFICIENT, Op.SDPA_FLASH, Op.SDPA_CUDNN)
+# The factors of the first matrix's programs, named by their nesting alone.
+CLASSIC = (Op.NATIVE_DROPOUT, Dtype.F32, Shape.SMALL, Passing.POSITIONAL)
+
+
+class ProgramError(ValueError):
+    """A bad program name or factor value; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """One RNG consumer: its name (s0, s1, ... in execution order), op, and index (for the layout)."""
+
+    name: str
+    op: Op
+    index: int
+
+
+@dataclass(frozen=True)
+class Region:
+    """A checkpointed function made of sites and inner regions, in order."""
+
+    name: str
+    items: tuple[Union[Site, "Region"], ...]
+
+    def sites(self) -> list[Site]:
+        """Every site of this region and of the regions inside it, in execution order."""
+        out: list[Site] = []
+        for item in self.items:
+            out.extend(item.sites() if isinstance(item, Region) else [item])
+        return out
+
+    def regions(self) -> Iterator["Region"]:
+        """This region, then the regions inside it, depth first."""
+        yield self
+        for item in self.items:
+            if isinstance(item, Region):
+                yield from item.regions()
+
+
+@dataclass(frozen=True)
+class Program:
+    """A workload, named by its factors; `regions()` is its tree."""
+
+    op: Op
+    dtype: Dtype
+    shape: Shape
+    passing: Passing
+    nesting: Nesting
+
+    @property
+    def name(self) -> str:
+        """``flat`` for the first matrix's programs, else ``op.dtype.shape.passing.nesting``."""
+        if (self.op, self.dtype, self.shape, self.passing) == CLASSIC:
+            return self.nesting.value
+        return ".".join(value.value for value in self.factors().values())
+
+    def factors(self) -> dict[str, enum.Enum]:
+        return {name: getattr(self, name) for name in FACTORS}
+
+    def factor_values(self) -> dict[str, str]:
+        return {name: value.value for name, value in self.factors().items()}
+
+    @property
+    def shape_dims(self) -> tuple[int, int]:
+        return SHAPES[self.shape]
+
+    def site_op(self, index: int) -> Op:
+        if self.op is Op.NODRAW:  # a site that draws nothing beside one that does
+            return Op.NODRAW if index % 2 == 0 else Op.NATIVE_DROPOUT
+        return self.op
+
+    def regions(self) -> tuple[Region, ...]:
+        """The top-level regions, sites numbered s0, s1, ... and regions r0, r1, ... in order."""
+        count = iter(range(100))
+        regions = iter(range(100))
+
+        def s() -> Site:
+            i = next(count)
+            return Site(f"s{i}", self.site_op(i), i)
+
+        def r(*items: Union[Site, Region]) -> Region:
+            return Region(f"r{next(regions)}", items)
+
+        if self.nesting is Nesting.FLAT:
+            return (r(s(), s()),)
+        if self.nesting is Nesting.NESTED:
+            outer = f"r{next(regions)}"
+            first, inner = s(), r(s(), s())
+            return (Region(outer, (first, inner, s())),)
+        if self.nesting is Nesting.DEEP:
+            outer, middle = f"r{next(regions)}", f"r{next(regions)}"
+            first, second = s(), s()
+            innermost = r(s(), s())
+            return (Region(outer, (first, Region(middle, (second, innermost, s())), s())),)
+        if self.nesting is Nesting.SIBLINGS:
+            return (r(s(), s()), r(s(), s()))
+        return (r(s(), s()), r(s(), s()), r(s(), s()))  # Nesting.WIDE
+
+    def sites(self) -> list[Site]:
+        return [site for region in self.regions() for site in region.sites()]
+
+    def all_regions(self) -> list[Region]:
+        return [inner for region in self.regions() for inner in region.regions()]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_factor(name: str, value: "str | enum.Enum") -> enum.Enum:
+    """``('op', 'rand')`` -> `Op.RAND`; an unknown factor or value raises `ProgramError`."""
+    enum_type = FACTORS[name]
+    if isinstance(value, enum_type):
+        return value
+    try:
+        return enum_type(str(value).strip().lower())
+    except ValueError:
+        valid = ", ".join(v.value for v in enum_type)
+        raise ProgramError(f"unknown {name} {value!r}; valid values: {valid}") from None
+
+
+def parse_program(name: str) -> Program:
+    """A program from its name (`Program.name`): a nesting alone, or five dotted factors."""
+    parts = name.strip().split(".")
+    if len(parts) == 1:
+        return Program(*CLASSIC, parse_factor("nesting", parts[0]))  # type: ignore[arg-type]
+    if len(parts) != len(FACTORS):
+        raise ProgramError(f"bad program {name!r}: expected a nesting ({', '.join(n.value for n in Nesting)}) "
+                           f"or {'.'.join(FACTORS)} (e.g. rand.bf16.odd.keyword.deep)")
+    return Program(*(parse_factor(factor, part) for factor, part in zip(FACTORS, parts)))  # type: ignore[arg-type]
+
+
+def every_program() -> Iterator[Program]:
+    """Every combination of factor values (validity against a case is `cases.invalid_reason`)."""
+    import itertools
+
+    for values in itertools.product(*FACTORS.values()):
+        yield Program(*values)  # type: ignore[arg-type]

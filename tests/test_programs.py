@@ -1,0 +1,192 @@
+"""Region programs: names, trees, the ops registry, the covering default matrix and the full
+matrix, and that the negative controls are caught whatever the program runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import impls, ops, runner
+from harness.cases import (
+    COVERED_AXES, Capture, CaseError, Device, Layout, Mode, case_pairs, covering, generate, parse_case_id,
+    required_pairs,
+)
+from harness.programs import (
+    FACTORS, Nesting, Op, Passing, Program, ProgramError, every_program, parse_program,
+)
+from harness.runner import Outcome
+
+
+# --- names and trees ------------------------------------------------------------------------------
+
+
+def test_every_program_name_round_trips():
+    bad = [p.name for p in every_program() if parse_program(p.name) != p]
+    assert bad == []
+
+
+def test_first_matrix_programs_keep_their_one_word_names():
+    assert [parse_program(n).name for n in ("flat", "nested", "siblings")] == ["flat", "nested", "siblings"]
+    assert parse_program("flat").op is Op.NATIVE_DROPOUT
+    assert parse_program("native_dropout.f32.small.positional.flat") == parse_program("flat")
+
+
+@pytest.mark.parametrize("bad", ["bogus", "rand.f32", "rand.f64.small.positional.flat", "a.b.c.d.e.f"])
+def test_a_bad_program_name_is_one_line_naming_what_is_valid(bad):
+    with pytest.raises(ProgramError) as excinfo:
+        parse_program(bad)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_a_bad_program_in_a_case_id_or_filter_is_a_case_error():
+    with pytest.raises(CaseError, match="unknown op 'bogus'"):
+        parse_case_id("reentrant-default-eager-bogus.f32.small.positional.flat-none-cpu")
+    with pytest.raises(CaseError, match="unknown nesting"):
+        list(generate(program="triple"))
+
+
+def _tree(program: Program) -> list:
+    def walk(region):
+        return [region.name, [walk(i) if hasattr(i, "items") else i.name for i in region.items]]
+    return [walk(r) for r in program.regions()]
+
+
+def test_trees_number_sites_and_regions_in_execution_order():
+    assert _tree(parse_program("flat")) == [["r0", ["s0", "s1"]]]
+    assert _tree(parse_program("nested")) == [["r0", ["s0", ["r1", ["s1", "s2"]], "s3"]]]
+    assert _tree(parse_program("siblings")) == [["r0", ["s0", "s1"]], ["r1", ["s2", "s3"]]]
+    assert _tree(parse_program("deep")) == [["r0", ["s0", ["r1", ["s1", ["r2", ["s2", "s3"]], "s4"]], "s5"]]]
+    assert _tree(parse_program("wide")) == [["r0", ["s0", "s1"]], ["r1", ["s2", "s3"]], ["r2", ["s4", "s5"]]]
+
+
+def test_deep_nests_three_levels_and_wide_has_three_regions_pending_at_once():
+    deep, wide = parse_program("deep"), parse_program("wide")
+    assert len(deep.all_regions()) == 3 and len(deep.regions()) == 1
+    assert len(wide.regions()) == 3  # all three forwards run before the one backward
+
+
+def test_nodraw_programs_alternate_a_silent_site_with_a_dropout():
+    program = parse_program("nodraw.f32.small.positional.flat")
+    assert [s.op for s in program.sites()] == [Op.NODRAW, Op.NATIVE_DROPOUT]
+
+
+# --- the ops registry -----------------------------------------------------------------------------
+
+
+def test_the_registry_has_one_entry_per_op_and_says_what_it_records():
+    assert set(ops.REGISTRY) == set(Op)
+    assert all(spec.records for spec in ops.REGISTRY.values())
+    assert [op for op, spec in ops.REGISTRY.items() if not spec.draws] == [Op.NODRAW]
+
+
+@pytest.mark.parametrize("op", [op for op in Op if not ops.REGISTRY[op].cuda_only], ids=lambda op: op.value)
+def test_every_cpu_op_draws_from_the_forked_stream_and_returns_its_shape(op):
+    tracker = impls.load("bundled").make_tracker("cpu")
+    tracker.add("s", 7)
+    h = torch.rand(63, 65)
+    before = (torch.get_rng_state(), tracker.get_states()["s"].clone())
+    with tracker.fork("s"):
+        out, drawn = ops.REGISTRY[op].apply(h, True)
+    after = (torch.get_rng_state(), tracker.get_states()["s"])
+    assert out.shape == h.shape
+    assert torch.equal(before[0], after[0])  # the default generator did not move
+    assert torch.equal(before[1], after[1]) is (op is Op.NODRAW)
+    assert drawn.numel() > 0
+
+
+def test_attention_backends_that_need_a_gpu_are_never_generated_for_the_cpu():
+    cpu_ops = {case.op for case in generate("full", device="cpu")}
+    assert cpu_ops == {op for op in Op if not ops.REGISTRY[op].cuda_only}
+    assert ops.invalid_reason(Op.SDPA_FLASH, parse_program("flat").dtype, parse_program("flat").shape, "cuda")
+
+
+def test_rules_prune_what_cannot_be_run_anywhere():
+    full = list(generate("full"))
+    assert not [c for c in full if c.passing is Passing.CLOSURE and c.mode is Mode.REENTRANT]
+    assert not [c for c in full if c.passing is Passing.SDPA_KERNEL and c.op.value[:4] != "sdpa"]
+    assert not [c for c in full if c.op in (Op.SDPA_FLASH, Op.SDPA_CUDNN) and c.dtype.value == "f32"]
+
+
+# --- the matrices ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", list(Device), ids=lambda d: d.value)
+def test_the_default_matrix_covers_every_factor_value_with_every_layout_capture_and_mode(device):
+    # What must be covered, found by brute force over the full matrix (not by required_pairs'
+    # shortcut, which this also checks).
+    possible: set = set()
+    for case in generate("full", device=device):
+        possible |= case_pairs(case)
+    assert required_pairs(device) == possible
+    covered: set = set()
+    for case in generate(device=device):
+        covered |= case_pairs(case)
+    assert possible - covered == set()
+
+
+def test_the_covering_set_is_the_same_on_every_run():
+    assert [c.id for c in covering(Device.CUDA)] == [c.id for c in covering.__wrapped__(Device.CUDA)]
+
+
+def test_the_default_matrix_is_small_and_the_full_one_is_the_product():
+    assert len(covering(Device.CPU)) <= 100 and len(covering(Device.CUDA)) <= 120
+    full_cpu = sum(1 for _ in generate("full", device="cpu"))
+    eager_programs = sum(1 for p in every_program() if not ops.REGISTRY[p.op].cuda_only)
+    assert full_cpu > 100 * len(list(generate(device="cpu")))
+    assert full_cpu < eager_programs * len(Mode) * len(Layout) * 2  # x interleave, minus pruned
+
+
+def test_program_filter_and_factor_filters_select_from_the_chosen_matrix():
+    deep = list(generate("full", device="cpu", op="rand", dtype="bf16", shape="odd", passing="keyword",
+                         nesting="deep"))
+    assert {c.program.name for c in deep} == {"rand.bf16.odd.keyword.deep"}
+    assert len(deep) == len(Mode) * len(Layout) * 2
+    assert list(generate("full", program="rand.bf16.odd.keyword.deep", device="cpu")) == deep
+    with pytest.raises(CaseError, match="unknown matrix"):
+        list(generate("huge"))
+
+
+# --- the controls are caught whatever the program -----------------------------------------------
+
+
+def _one_case_per_value(layout: Layout) -> list:
+    """One eager CPU case per op, dtype, shape, passing and nesting value (nonreentrant, so every
+    passing is valid), in `layout`."""
+    out, base = [], dict(op="native_dropout", dtype="f32", shape="small", passing="positional", nesting="flat")
+    for factor, enum_type in FACTORS.items():
+        for value in enum_type:
+            factors = {**base, factor: value.value}
+            name = ".".join(factors[f] for f in FACTORS)
+            case_id = f"nonreentrant-{layout.value}-eager-{name}-none-cpu"
+            try:
+                out.append(parse_case_id(case_id))
+            except CaseError:
+                continue  # an op this device does not have, or sdpa_kernel without attention
+    return out
+
+
+@pytest.mark.parametrize("control,oracle", [
+    ("neg-live-handles", "recompute-mask"), ("neg-no-recompute", "recompute-mask"),
+    ("neg-wrong-output", "output"), ("neg-ignore-tracker", "recompute-mask"),
+])
+def test_controls_over_programs(control, oracle):
+    impl = impls.load(control)
+    missed = []
+    for case in _one_case_per_value(Layout.TRACKED):
+        result = runner.run(case, impl)
+        if result.outcome is not Outcome.MISMATCH or oracle not in {m.oracle for m in result.mismatches}:
+            missed.append(f"{case.id}: {result.outcome.value} {result.summary()[:120]}")
+    assert missed == []
+
+
+def test_bundled_passes_one_case_of_every_value_in_both_modes():
+    impl = impls.load("bundled")
+    failed = []
+    for case in _one_case_per_value(Layout.MIXED):
+        for mode in Mode:
+            if mode is Mode.REENTRANT and case.passing is Passing.CLOSURE:
+                continue
+            result = runner.run(parse_case_id(case.id.replace("nonreentrant-", f"{mode.value}-", 1)), impl)
+            if result.outcome is not Outcome.PASS:
+                failed.append(f"{mode.value} {case.id}: {result.outcome.value} {result.summary()[:160]}")
+    assert failed == []
