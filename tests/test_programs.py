@@ -190,3 +190,18 @@ def test_bundled_passes_one_case_of_every_value_in_both_modes():
             if result.outcome is not Outcome.PASS:
                 failed.append(f"{mode.value} {case.id}: {result.outcome.value} {result.summary()[:160]}")
     assert failed == []
+
+
+def test_two_snapshot_slots_are_caught_exactly_where_three_regions_are_pending():
+    impl = impls.load("neg-two-slots")
+    seen = {}
+    for mode in Mode:
+        for nesting in Nesting:
+            case = parse_case_id(f"{mode.value}-default-eager-{nesting.value}-none-cpu")
+            result = runner.run(case, impl)
+            seen[(mode.value, nesting.value)] = (result.outcome.value, {m.oracle for m in result.mismatches})
+    for (mode, nesting), (outcome, fired) in seen.items():
+        if nesting in ("deep", "wide"):
+            assert outcome == "mismatch" and {"recompute-mask", "gradient"} <= fired, (mode, nesting)
+        else:
+            assert outcome == "pass", (mode, nesting, fired)

@@ -30,6 +30,7 @@ BUILTIN: dict[str, str] = {
     "neg-replace-streams": "harness.impls.negative:make_replace_streams",
     "neg-inert-fork": "harness.impls.negative:make_inert_fork",
     "neg-copied-alias": "harness.impls.negative:make_copied_alias",
+    "neg-two-slots": "harness.impls.negative:make_two_slots",
     # External implementations: they load whether or not the package is installed, and declare
     # every case unsupported (with the import error) when it does not import.
     "megatron": "harness.impls.megatron:make_megatron",

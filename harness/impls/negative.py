@@ -80,6 +80,31 @@ class NoRewindPolicy(ValuePolicy):
         pass
 
 
+class TwoSlotPolicy(ValuePolicy):
+    """Bug: keeps its snapshots in a pool of two slots, as a checkpoint with a fixed snapshot
+    buffer would.  A slot is free again once its region has rewound for its recompute; with a
+    third region pending, the oldest pending slot is overwritten.  Right with one or two regions
+    pending at once (flat, nested, siblings), wrong with three (deep, wide)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slots: list[Any] = [None, None]
+        self.pending: list[int] = []  # slot numbers in use, oldest first
+
+    def snapshot(self, tracker: Any) -> int:
+        taken = super().snapshot(tracker)
+        free = [n for n in range(len(self.slots)) if n not in self.pending]
+        slot = free[0] if free else self.pending.pop(0)  # no free slot: overwrite the oldest
+        self.slots[slot] = taken
+        self.pending.append(slot)
+        return slot
+
+    def rewind(self, slot: int) -> Any:
+        if slot in self.pending:
+            self.pending.remove(slot)
+        return super().rewind(self.slots[slot])
+
+
 def _control(name: str, policy: ValuePolicy, description: str) -> Adapter:
     # Under capture the controls rewind with values too, so their bug is exercised in graphs.
     policy.capture_strategy = "values"
@@ -110,6 +135,10 @@ def make_host_values() -> Adapter:
 def make_no_rewind() -> Adapter:
     return _control("neg-no-rewind", NoRewindPolicy(), "never rewinds for the recompute")
 
+
+def make_two_slots() -> Adapter:
+    return _control("neg-two-slots", TwoSlotPolicy(),
+                    "keeps snapshots in two slots: wrong once three regions have recomputes pending")
 
 
 # --- controls that prove the other oracles and the reference check can fail ----------------------
