@@ -8,6 +8,7 @@ accident.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -263,3 +264,28 @@ def test_failed_recompute_restores_the_tracker_stream(reentrant):
     with pytest.raises(RecomputeFailed):
         out.sum().backward()
     assert same_bits(tracker.get_states()[STREAM], before)
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+
+def _live_tensors() -> int:
+    gc.collect()
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, torch.Tensor))
+
+
+def test_a_recompute_whose_ops_save_their_outputs_leaves_nothing_alive(reentrant):
+    # softmax saves its own output; a recompute that kept that tensor in its pack hook made a
+    # cycle through C++ autograd nodes that Python's collector cannot free (attention leaked).
+    def region(x):
+        return torch.softmax(x, -1) * 2
+
+    def once():
+        x = torch.rand(8, 8, requires_grad=True)
+        checkpoint(region, x, reentrant=reentrant).sum().backward()
+
+    once()
+    before = _live_tensors()
+    for _ in range(3):
+        once()
+    assert _live_tensors() == before

@@ -151,11 +151,16 @@ class _HookFrame:
     def _recompute_saved(self) -> dict[int, torch.Tensor]:
         saved: dict[int, torch.Tensor] = {}
 
-        def keep(tensor: torch.Tensor) -> torch.Tensor:
-            saved[len(saved)] = tensor.detach()  # the value only: no tie to the recompute graph
-            return tensor
+        def keep(tensor: torch.Tensor) -> int:
+            slot = len(saved)
+            saved[slot] = tensor.detach()  # the value only: no tie to the recompute graph
+            # Not the tensor itself: a node that saves its own output (softmax in attention) would
+            # then hold that output, whose grad_fn is the node, a cycle through C++ that Python's
+            # collector cannot free (every attention region's recompute leaked).  The recompute's
+            # graph is never differentiated; its nodes need only a token.
+            return slot
 
-        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(keep, saved.__getitem__):
             self.rng.recompute(self.fn, _detached(self.args), _detached(self.kwargs))  # fresh leaves per recompute
         if len(saved) != self.packed:
             raise RuntimeError(
