@@ -24,7 +24,8 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from . import ops
 from .programs import (
-    CLASSIC, FACTORS, SDPA_OPS, Dtype, Nesting, Op, Passing, Program, ProgramError, Shape, parse_program,
+    CLASSIC, FACTORS, SDPA_OPS, Dtype, Nesting, Op, Passing, Program, ProgramError, Shape, every_program,
+    parse_enum, parse_program,
 )
 
 __all__ = ["AXES", "Case", "CaseError", "Capture", "Device", "Dtype", "Interleave", "Layout", "MATRICES",
@@ -179,15 +180,7 @@ def parse_value(axis: str, value: "str | enum.Enum") -> enum.Enum:
     """Turn ``'tracked'`` (or an enum member) into the member of `axis`; unknown -> CaseError."""
     if axis not in AXES:
         raise CaseError(f"unknown axis {axis!r}; axes are: {', '.join(AXES)}")
-    enum_type = AXES[axis]
-    if isinstance(value, enum_type):
-        return value
-    try:
-        return enum_type(str(value).strip().lower())
-    except ValueError:
-        raise CaseError(
-            f"unknown {axis} {value!r}; valid values: {_valid_values(axis)}"
-        ) from None
+    return parse_enum(AXES[axis], axis, value, CaseError)
 
 
 def _as_values(axis: str, wanted: object) -> list[enum.Enum]:
@@ -202,10 +195,11 @@ def _as_values(axis: str, wanted: object) -> list[enum.Enum]:
     return values
 
 
-CASE_AXES = ("mode", "layout", "capture", "interleave", "device")
 # The case axes every program factor value must meet in the default matrix (`covering`).
 COVERED_AXES = ("layout", "capture", "mode")
-CLASSIC_NESTINGS = (Nesting.FLAT, Nesting.NESTED, Nesting.SIBLINGS)
+# The first matrix's programs: native_dropout, f32, small, positional; named by their nesting.
+CLASSIC_PROGRAMS = tuple(Program(*CLASSIC, nesting)  # type: ignore[arg-type]
+                         for nesting in (Nesting.FLAT, Nesting.NESTED, Nesting.SIBLINGS))
 
 
 def generate(matrix: str = "default", **filters: object) -> Iterator[Case]:
@@ -217,10 +211,8 @@ def generate(matrix: str = "default", **filters: object) -> Iterator[Case]:
     """
     if matrix not in MATRICES:
         raise CaseError(f"unknown matrix {matrix!r}; valid: {', '.join(MATRICES)}")
-    programs = None
-    if filters.get("program"):
-        programs = set(parse_programs(filters.pop("program")))
-    filters.pop("program", None)
+    names = filters.pop("program", None)
+    programs = set(parse_programs(names)) if names else None
     choices: dict[str, set[enum.Enum]] = {}
     for axis, enum_type in AXES.items():
         wanted = filters.pop(axis, None)
@@ -257,8 +249,6 @@ def _cases(device: Device, programs: Iterable[Program]) -> Iterator[Case]:
 
 
 def _full(device: Device) -> Iterator[Case]:
-    from .programs import every_program
-
     return _cases(device, every_program())
 
 
@@ -281,7 +271,7 @@ PINNED = (
 
 def _default(device: Device) -> Iterator[Case]:
     seen: set[str] = set()
-    classic = _cases(device, (Program(*CLASSIC, nesting) for nesting in CLASSIC_NESTINGS))  # type: ignore[arg-type]
+    classic = _cases(device, CLASSIC_PROGRAMS)
     pinned = (parse_case_id(f"{case_id}-{device.value}") for case_id in PINNED)
     for case in itertools.chain(classic, covering(device), pinned):
         if case.id not in seen:
@@ -290,7 +280,11 @@ def _default(device: Device) -> Iterator[Case]:
 
 
 Pair = tuple[str, enum.Enum, str, enum.Enum]  # (factor, value, axis, value)
-_CORE = ("op", "dtype", "shape", "passing", "mode", "capture")
+# What the rules read: the program factors but nesting, and two case axes (layout, nesting and
+# interleave are free in every valid combination of these).
+_CORE_FACTORS = ("op", "dtype", "shape", "passing")
+_CORE_AXES = ("mode", "capture")
+_CORE = (*_CORE_FACTORS, *_CORE_AXES)
 
 
 def case_pairs(case: Case) -> set[Pair]:
@@ -322,10 +316,10 @@ def required_pairs(device: Device) -> set[Pair]:
     valid combination, so they pair with everything that is valid at all)."""
     pairs: set[Pair] = set()
     for core in _cores(device):
-        for factor in ("op", "dtype", "shape", "passing"):
-            pairs |= {(factor, core[factor], axis, core[axis]) for axis in ("mode", "capture")}
+        for factor in _CORE_FACTORS:
+            pairs |= {(factor, core[factor], axis, core[axis]) for axis in _CORE_AXES}
             pairs |= {(factor, core[factor], "layout", layout) for layout in Layout}
-        pairs |= {("nesting", n, axis, core[axis]) for n in Nesting for axis in ("mode", "capture")}
+        pairs |= {("nesting", n, axis, core[axis]) for n in Nesting for axis in _CORE_AXES}
     pairs |= {("nesting", n, "layout", layout) for n in Nesting for layout in Layout}
     return pairs
 
@@ -337,7 +331,7 @@ def covering(device: Device) -> tuple[Case, ...]:
     run): each new case is, among valid completions of the first pair still uncovered, the one
     that covers the most uncovered pairs."""
     covered: set[Pair] = set()
-    for case in _cases(device, (Program(*CLASSIC, n) for n in CLASSIC_NESTINGS)):  # type: ignore[arg-type]
+    for case in _cases(device, CLASSIC_PROGRAMS):
         covered |= case_pairs(case)
     todo = required_pairs(device) - covered
     rng = random.Random(20261203)
@@ -351,9 +345,9 @@ def covering(device: Device) -> tuple[Case, ...]:
         for core in rng.sample(matching, min(len(matching), 32)):
             # The gain of a row splits into pairs of the core alone, of the layout, of the nesting
             # and the one nesting x layout pair: add them up instead of building every row's set.
-            fixed = sum((f, core[f], a, core[a]) in todo for f in _CORE[:4] for a in ("mode", "capture"))
-            by_layout = {l: sum((f, core[f], "layout", l) in todo for f in _CORE[:4]) for l in Layout}
-            by_nesting = {n: sum(("nesting", n, a, core[a]) in todo for a in ("mode", "capture")) for n in Nesting}
+            fixed = sum((f, core[f], a, core[a]) in todo for f in _CORE_FACTORS for a in _CORE_AXES)
+            by_layout = {lay: sum((f, core[f], "layout", lay) in todo for f in _CORE_FACTORS) for lay in Layout}
+            by_nesting = {n: sum(("nesting", n, a, core[a]) in todo for a in _CORE_AXES) for n in Nesting}
             for layout, nesting in itertools.product(Layout, Nesting):
                 row = {**core, "layout": layout, "nesting": nesting}
                 if row.get(factor) is not value or row.get(axis) is not axis_value:

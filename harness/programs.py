@@ -25,6 +25,7 @@ draws from is the case's layout, not the program's (`site_stream`).
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 from typing import Iterator, Union
 
@@ -97,6 +98,14 @@ TORCH_DTYPES = {Dtype.F32: "float32", Dtype.BF16: "bfloat16", Dtype.F16: "float1
 SDPA_OPS = (Op.SDPA_MATH, Op.SDPA_EFFICIENT, Op.SDPA_FLASH, Op.SDPA_CUDNN)
 # The factors of the first matrix's programs, named by their nesting alone.
 CLASSIC = (Op.NATIVE_DROPOUT, Dtype.F32, Shape.SMALL, Passing.POSITIONAL)
+# Each nesting's tree: a list per top-level region, holding its sites ("s") and inner regions.
+TREES = {
+    Nesting.FLAT: [["s", "s"]],
+    Nesting.NESTED: [["s", ["s", "s"], "s"]],
+    Nesting.SIBLINGS: [["s", "s"], ["s", "s"]],
+    Nesting.DEEP: [["s", ["s", ["s", "s"], "s"], "s"]],
+    Nesting.WIDE: [["s", "s"], ["s", "s"], ["s", "s"]],
+}
 
 
 class ProgramError(ValueError):
@@ -154,9 +163,6 @@ class Program:
     def factors(self) -> dict[str, enum.Enum]:
         return {name: getattr(self, name) for name in FACTORS}
 
-    def factor_values(self) -> dict[str, str]:
-        return {name: value.value for name, value in self.factors().items()}
-
     @property
     def shape_dims(self) -> tuple[int, int]:
         return SHAPES[self.shape]
@@ -167,31 +173,22 @@ class Program:
         return self.op
 
     def regions(self) -> tuple[Region, ...]:
-        """The top-level regions, sites numbered s0, s1, ... and regions r0, r1, ... in order."""
-        count = iter(range(100))
-        regions = iter(range(100))
+        """The top-level regions, sites numbered s0, s1, ... in execution order and regions r0,
+        r1, ... depth first (outer before inner)."""
+        sites, regions = itertools.count(), itertools.count()
 
-        def s() -> Site:
-            i = next(count)
-            return Site(f"s{i}", self.site_op(i), i)
+        def build(items: list) -> Region:
+            name = f"r{next(regions)}"  # before the inner regions: outer regions number first
+            built: list[Union[Site, Region]] = []
+            for item in items:
+                if isinstance(item, list):
+                    built.append(build(item))
+                else:
+                    index = next(sites)
+                    built.append(Site(f"s{index}", self.site_op(index), index))
+            return Region(name, tuple(built))
 
-        def r(*items: Union[Site, Region]) -> Region:
-            return Region(f"r{next(regions)}", items)
-
-        if self.nesting is Nesting.FLAT:
-            return (r(s(), s()),)
-        if self.nesting is Nesting.NESTED:
-            outer = f"r{next(regions)}"
-            first, inner = s(), r(s(), s())
-            return (Region(outer, (first, inner, s())),)
-        if self.nesting is Nesting.DEEP:
-            outer, middle = f"r{next(regions)}", f"r{next(regions)}"
-            first, second = s(), s()
-            innermost = r(s(), s())
-            return (Region(outer, (first, Region(middle, (second, innermost, s())), s())),)
-        if self.nesting is Nesting.SIBLINGS:
-            return (r(s(), s()), r(s(), s()))
-        return (r(s(), s()), r(s(), s()), r(s(), s()))  # Nesting.WIDE
+        return tuple(build(region) for region in TREES[self.nesting])
 
     def sites(self) -> list[Site]:
         return [site for region in self.regions() for site in region.sites()]
@@ -203,16 +200,22 @@ class Program:
         return self.name
 
 
-def parse_factor(name: str, value: "str | enum.Enum") -> enum.Enum:
-    """``('op', 'rand')`` -> `Op.RAND`; an unknown factor or value raises `ProgramError`."""
-    enum_type = FACTORS[name]
+def parse_enum(enum_type: type[enum.Enum], name: str, value: "str | enum.Enum",
+               error: type[ValueError]) -> enum.Enum:
+    """`value` (a member, or its value string in any case, spaces around) as a member of
+    `enum_type`; otherwise `error` naming `name` and the valid values, in one line."""
     if isinstance(value, enum_type):
         return value
     try:
         return enum_type(str(value).strip().lower())
     except ValueError:
         valid = ", ".join(v.value for v in enum_type)
-        raise ProgramError(f"unknown {name} {value!r}; valid values: {valid}") from None
+        raise error(f"unknown {name} {value!r}; valid values: {valid}") from None
+
+
+def parse_factor(name: str, value: "str | enum.Enum") -> enum.Enum:
+    """``('op', 'rand')`` -> `Op.RAND`; an unknown value raises `ProgramError`."""
+    return parse_enum(FACTORS[name], name, value, ProgramError)
 
 
 def parse_program(name: str) -> Program:
@@ -228,7 +231,5 @@ def parse_program(name: str) -> Program:
 
 def every_program() -> Iterator[Program]:
     """Every combination of factor values (validity against a case is `cases.invalid_reason`)."""
-    import itertools
-
     for values in itertools.product(*FACTORS.values()):
         yield Program(*values)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from typing import Collection, Mapping
 
 import torch
 
+from .compare import int_view
 from .records import FORWARD, RunRecord
 
 
@@ -83,9 +84,7 @@ def _mask_problems(record: RunRecord, sites: list[str], iterations: int) -> list
 
 def _constant(t: torch.Tensor) -> torch.Tensor:
     """A 0-d bool tensor: every element of `t` equals its first (compared as integers: NaN-safe)."""
-    flat = t.detach().flatten()
-    if flat.dtype.is_floating_point:
-        flat = flat.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+    flat = int_view(t).flatten()
     return (flat == flat[0]).all()
 
 

@@ -8,7 +8,7 @@ import torch
 
 from harness import impls, ops, runner
 from harness.cases import (
-    COVERED_AXES, Capture, CaseError, Device, Layout, Mode, case_pairs, covering, generate, parse_case_id,
+    CaseError, Device, Layout, Mode, case_pairs, covering, generate, parse_case_id,
     required_pairs,
 )
 from harness.programs import (
