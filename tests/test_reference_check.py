@@ -3,7 +3,9 @@
 `check_reference` passes a reference that drew the way its case says, and raises a
 `ReferenceCheckError` naming the impl when a tracked site did not switch streams (or also moved
 the default generator), when a default-stream site did not advance the default generator, when
-a mask is all-zero or all-one, and when a site drew nothing in an iteration.
+a mask is all-zero or all-one, and when a site drew nothing in an iteration.  A reference run
+twice (the attention ops whose backward is not run-to-run reproducible) that differs is
+`NotReproducible`, and the case is skipped with the difference.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import re
 import pytest
 import torch
 
-from harness.records import RunRecord
+from harness.cases import parse_case_id
+from harness.records import FORWARD, MaskLog, RunRecord
 from harness.reference import ReferenceCheckError, check_reference
-from harness.records import FORWARD, MaskLog
+from harness.runner import NotReproducible, require_reproducible
+from harness.streams import StreamSnapshot
 
 SITE_STREAMS = {"s0": None, "s1": "tp"}  # s0 on the default generator, s1 on tracker stream tp
 ITERATIONS = 2
 IMPL = "fake-impl"
 DEVICE = "cpu"
+CASE = parse_case_id("nonreentrant-default-eager-sdpa_efficient.f16.small.positional.flat-none-cuda")
 
 
 def make_reference() -> RunRecord:
@@ -119,3 +124,29 @@ def test_an_alias_that_does_not_share_its_stream():
     record = make_reference()
     record.alias_problem = "tracker alias 'shared-b' does not share the state of 'shared-a': ..."
     fails_with(record, "tracker alias 'shared-b' does not share the state of 'shared-a'")
+
+
+# --- a reference that is not bit-reproducible ------------------------------------------------------
+
+
+def _twice(change=None) -> tuple[RunRecord, RunRecord]:
+    first, second = make_reference(), make_reference()
+    for record in (first, second):
+        record.grads = {it: {"input": torch.ones(4, 4)} for it in range(ITERATIONS)}
+        record.streams = {it: StreamSnapshot({"cpu": torch.arange(2)}, ()) for it in range(ITERATIONS)}
+    if change is not None:
+        change(second)
+    return first, second
+
+
+def test_two_identical_reference_runs_are_accepted():
+    require_reproducible(CASE, *_twice(), ["loss"], ITERATIONS)
+
+
+@pytest.mark.parametrize("what, change", [
+    ("gradient input iteration 1", lambda r: r.grads[1]["input"].view(-1)[3].add_(1e-6)),
+    ("forward-mask s1 iteration 0", lambda r: r.log.masks[(0, "s1", FORWARD)][0].logical_not_()),
+])
+def test_a_reference_whose_second_run_differs_is_not_reproducible(what, change):
+    with pytest.raises(NotReproducible, match=re.escape(f"({what}: Mismatched elements: ")):
+        require_reproducible(CASE, *_twice(change), ["loss"], ITERATIONS)

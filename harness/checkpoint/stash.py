@@ -29,9 +29,10 @@ def _is_inplace(func: Any) -> bool:
 
 
 def _same_layout(t: torch.Tensor) -> torch.Tensor:
-    """A copy with `t`'s strides, not a compact one: kernels check the layout of what they get
-    back (memory-efficient attention's log-sum-exp is a padded view: 'LSE is not correctly
-    aligned' on a compact copy).  Overlapping layouts (a zero stride) are copied compactly."""
+    """A copy with `t`'s strides, not a compact one, so an op handed its kept outputs back gets
+    the layout it produced (kernels may check strides).  It did not make memory-efficient
+    attention sound across separate graphs: that stays a declared limit of the bundled adapter.
+    Overlapping layouts (a zero stride) are copied compactly."""
     if 0 in t.stride():
         return t.clone()
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
