@@ -25,7 +25,7 @@ import torch
 from .capture import execute
 from .cases import Case, generate
 from .execution import Target, run_case
-from .runner import ITERATIONS, RunSession, checkpointing
+from .runner import RunSession, checkpointing
 from .streams import preserved_global_rng
 from .workload import Tensors
 
@@ -51,7 +51,7 @@ def bare_seconds(case: Case, impl: Any) -> float:
     with preserved_global_rng():
         tensors = Tensors.make(case, device)
         for wrap in (None, checkpointing(impl, case)):
-            execute(case.capture, _BareSession(case, device, tensors, impl.make_tracker, wrap), ITERATIONS)
+            execute(case.capture, _BareSession(case, device, tensors, impl.make_tracker, wrap), case.program.iterations)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start

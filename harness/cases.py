@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from . import ops
 from .programs import (
-    CLASSIC, FACTORS, SDPA_OPS, Dtype, Nesting, Op, Passing, Program, ProgramError, Shape, every_program,
+    CLASSIC, FACTORS, SDPA_OPS, Dtype, Nesting, Op, Passing, Program, ProgramError, Shape, Tree, every_program,
     parse_enum, parse_program,
 )
 
@@ -96,8 +96,10 @@ class Case:
         return "-".join(self.program.name if part == "program" else getattr(self, part).value
                         for part in ID_PARTS)
 
+    # The program's factors.  A spec program (`harness.spec`) has a factor only where all its
+    # sites or regions share one value (op, passing) and never a nesting: None there.
     @property
-    def op(self) -> Op:
+    def op(self) -> Op | None:
         return self.program.op
 
     @property
@@ -109,17 +111,23 @@ class Case:
         return self.program.shape
 
     @property
-    def passing(self) -> Passing:
+    def passing(self) -> Passing | None:
         return self.program.passing
 
     @property
-    def nesting(self) -> Nesting:
+    def nesting(self) -> Nesting | None:
         return self.program.nesting
 
     def axis_values(self) -> dict[str, str]:
-        """Every axis and program factor -> its value string (`AXES` order), and ``program``."""
-        values = {axis: getattr(self, axis).value for axis in AXES}
+        """Every axis and program factor -> its value string (`AXES` order; '' for a factor a
+        spec program has no single value of), and ``program``."""
+        values = {axis: getattr(getattr(self, axis), "value", "") for axis in AXES}
         return {**values, "program": self.program.name}
+
+    def streams(self) -> dict[str, str]:
+        """Site name -> the stream it draws from, as a `programs.STREAMS` code: the site's own,
+        else what the layout gives its index."""
+        return {site.name: site.stream or layout_stream(self.layout, site.index) for site in self.program.sites()}
 
     def __str__(self) -> str:
         return self.id
@@ -144,22 +152,74 @@ MATRICES = ("default", "full")
 # A rule returns None for a valid case, or the reason it is invalid.
 Rule = Callable[[Case], "str | None"]
 
+def layout_stream(layout: Layout, index: int) -> str:
+    """The stream (a `programs.STREAMS` code) `layout` gives site number `index`."""
+    if layout in (Layout.DEFAULT, Layout.UNTRACKED):
+        return "d"
+    if layout is Layout.TRACKED:
+        return "t"
+    if layout is Layout.MIXED:
+        return "dt"[index % 2]
+    return "ab"[index % 2]  # Layout.SHARED
+
+
+# The streams a layout's sites may draw from, and which of them they must: the layout in a case
+# id says what the sites do, for spec programs whose sites name their streams too.
+LAYOUT_STREAMS = {
+    Layout.DEFAULT: ("d", ""), Layout.UNTRACKED: ("d", ""), Layout.TRACKED: ("t", ""),
+    Layout.MIXED: ("dt", "dt"), Layout.SHARED: ("dtab", "ab"),
+}
+
+
+def _op_reason(c: Case) -> str | None:
+    for op, dtype in dict.fromkeys((site.op, site.dtype) for site in c.program.sites()):
+        reason = ops.invalid_reason(op, dtype, c.shape, c.device.value)
+        if reason:
+            return reason
+    return None
+
+
+def _kernel_reason(c: Case) -> str | None:
+    """An sdpa_kernel region needs attention inside, all of it on the backend it chooses."""
+    for region in c.program.all_regions():
+        if region.passing is not Passing.SDPA_KERNEL:
+            continue
+        attention = {site.op for site in region.sites() if site.op in SDPA_OPS}
+        if not attention:
+            return "the sdpa_kernel context only matters to an attention op"
+        if attention != {region.backend}:
+            return (f"region {region.name} chooses {region.backend.value if region.backend else '?'}'s backend "
+                    f"around attention sites of {', '.join(sorted(op.value for op in attention))}")
+    return None
+
+
+def _stream_reason(c: Case) -> str | None:
+    allowed, needed = LAYOUT_STREAMS[c.layout]
+    streams = set(c.streams().values())
+    odd = sorted(streams - set(allowed))
+    if odd:
+        return (f"the {c.layout.value} layout's sites draw from {' or '.join(allowed)}, but a site of the "
+                f"program draws from {odd[0]}: the case's layout must name what its sites do")
+    if needed and not streams & set(needed):
+        return f"the {c.layout.value} layout needs a site drawing from {' or '.join(needed)}"
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     lambda c: (
         "CUDA graph capture needs a cuda device"
         if c.capture is not Capture.EAGER and c.device is not Device.CUDA
         else None
     ),
-    lambda c: ops.invalid_reason(c.op, c.dtype, c.shape, c.device.value),
+    lambda c: None if c.program.regions() else "a program needs a checkpointed region",
+    _op_reason,
     lambda c: (
         "a reentrant checkpoint differentiates only the tensors passed to it: a region whose input "
         "comes through a closure has no gradient path"
-        if c.passing is Passing.CLOSURE and c.mode is Mode.REENTRANT else None
+        if c.mode is Mode.REENTRANT and Passing.CLOSURE in c.program.passings() else None
     ),
-    lambda c: (
-        "the sdpa_kernel context only matters to an attention op"
-        if c.passing is Passing.SDPA_KERNEL and c.op not in SDPA_OPS else None
-    ),
+    _kernel_reason,
+    _stream_reason,
 )
 
 
@@ -226,11 +286,14 @@ def generate(matrix: str = "default", **filters: object) -> Iterator[Case]:
 
     devices = [d for d in Device if d in choices["device"]]
     source = _full if matrix == "full" else _default
+    if programs is not None:  # named programs: every valid cell of each, whatever the matrix
+        chosen = [p for p in parse_programs(names)]
+        return (case for device in devices for case in _cases(device, chosen) if wanted(case))
     # filters are checked above, before the first case is asked for
     return (case for device in devices for case in source(device) if wanted(case))
 
 
-def parse_programs(wanted: object) -> list[Program]:
+def parse_programs(wanted: object) -> list[Tree]:
     """Programs from names (a comma list string or an iterable); a bad name raises `CaseError`."""
     names = str(wanted).split(",") if isinstance(wanted, str) else list(wanted)  # type: ignore[call-overload]
     try:
@@ -239,7 +302,7 @@ def parse_programs(wanted: object) -> list[Program]:
         raise CaseError(str(exc)) from None
 
 
-def _cases(device: Device, programs: Iterable[Program]) -> Iterator[Case]:
+def _cases(device: Device, programs: Iterable[Tree]) -> Iterator[Case]:
     """Every valid case of these programs on `device`, program by program."""
     for program in programs:
         for mode, layout, capture, interleave in itertools.product(Mode, Layout, Capture, Interleave):
@@ -270,10 +333,12 @@ PINNED = (
 
 
 def _default(device: Device) -> Iterator[Case]:
+    from . import corpus  # it reads case ids
+
     seen: set[str] = set()
     classic = _cases(device, CLASSIC_PROGRAMS)
     pinned = (parse_case_id(f"{case_id}-{device.value}") for case_id in PINNED)
-    for case in itertools.chain(classic, covering(device), pinned):
+    for case in itertools.chain(classic, covering(device), pinned, corpus.cases(device.value)):
         if case.id not in seen:
             seen.add(case.id)
             yield case

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 from . import expectations as expectations_mod
 from . import impls
 from .cases import Case, Capture, Device
-from .runner import ITERATIONS, CaseResult, run
+from .runner import CaseResult, run
 
 INTERRUPTED = 130  # exit status after Ctrl-C: the shell's status for a process ended by SIGINT
 
@@ -177,13 +177,13 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
 
 
 def run_case(target: Target, case: Case, entries: Sequence[expectations_mod.Expectation], *,
-             worker: Any = None, iterations: int = ITERATIONS, timeline: bool = False) -> CaseRun:
+             worker: Any = None, iterations: int | None = None, timeline: bool = False) -> CaseRun:
     """Run `case` for `target` (in `worker`, an `isolation.CaseWorker`, when given) and judge it.
 
     Never raises for faults of the impl: they are results (error, crash, timeout).
     """
     if worker is not None:
-        result = worker.run(case, target.name, iterations)
+        result = worker.run(case, target.name, iterations or case.program.iterations)
         result.impl_version = _version(target.adapter)
     else:
         result = run(case, target.adapter, iterations, timeline=timeline, name=target.name)

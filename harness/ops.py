@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -157,10 +157,11 @@ REGISTRY: dict[Op, OpSpec] = {spec.op: spec for spec in (
 
 
 @contextlib.contextmanager
-def determinism(op: Op) -> "Iterator[None]":
-    """torch's deterministic mode (warn-only: ops without a deterministic kernel still run) for
-    the ops whose backward needs it (`OpSpec.deterministic_mode`); the setting is put back after."""
-    if not REGISTRY[op].deterministic_mode:
+def determinism(ops: "Op | Iterable[Op]") -> "Iterator[None]":
+    """torch's deterministic mode (warn-only: ops without a deterministic kernel still run) when
+    one of `ops` has a backward that needs it (`OpSpec.deterministic_mode`); the setting is put
+    back after."""
+    if not any(REGISTRY[op].deterministic_mode for op in ([ops] if isinstance(ops, Op) else ops)):
         yield
         return
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())

@@ -112,21 +112,36 @@ class ProgramError(ValueError):
     """A bad program name or factor value; the message is one line meant for the user."""
 
 
+# Where a site draws from, as a spec writes it (`harness.spec`): the device's default generator,
+# the tracked stream, or one of the shared pair (b is an alias of a).  A site without one draws
+# from what the case's layout gives its index (`workload.site_stream`).
+STREAMS = {"d": "the default generator", "t": "the tracked stream", "a": "shared stream a",
+           "b": "shared stream b (an alias of a)"}
+
+
 @dataclass(frozen=True)
 class Site:
-    """One RNG consumer: its name (s0, s1, ... in execution order), op, and index (for the layout)."""
+    """One RNG consumer: its name (s0, s1, ... in execution order), op, index, the dtype it works
+    in, where it draws from (a `STREAMS` code; None: the case's layout decides) and whether it
+    chooses its own attention backend (False inside an ``sdpa_kernel`` region)."""
 
     name: str
     op: Op
     index: int
+    dtype: Dtype = Dtype.F32
+    stream: "str | None" = None
+    own_backend: bool = True
 
 
 @dataclass(frozen=True)
 class Region:
-    """A checkpointed function made of sites and inner regions, in order."""
+    """A checkpointed function made of sites and inner regions, in order, entered the way its
+    `passing` says (``sdpa_kernel``: under the backend of `backend`, an attention op)."""
 
     name: str
     items: tuple[Union[Site, "Region"], ...]
+    passing: Passing = Passing.POSITIONAL
+    backend: "Op | None" = None
 
     def sites(self) -> list[Site]:
         """Every site of this region and of the regions inside it, in execution order."""
@@ -143,9 +158,68 @@ class Region:
                 yield from item.regions()
 
 
+Item = Union[Site, Region]
+
+
+class Tree:
+    """What every program offers the workload, all read from its top-level `items()` (regions,
+    and for spec programs sites outside any region).
+
+    A subclass defines `items()`, `shape`, `dtype` (of the input), `iterations` and `name`.
+    """
+
+    shape: Shape
+    dtype: Dtype
+
+    @property
+    def iterations(self) -> int:
+        return 2
+
+    def items(self) -> tuple[Item, ...]:
+        raise NotImplementedError
+
+    @property
+    def shape_dims(self) -> tuple[int, int]:
+        return SHAPES[self.shape]
+
+    def regions(self) -> tuple[Region, ...]:
+        """The top-level regions (sites s0, s1, ... and regions r0, r1, ... depth first)."""
+        return tuple(item for item in self.items() if isinstance(item, Region))
+
+    def sites(self) -> list[Site]:
+        """Every site, checkpointed or not, in execution order."""
+        return [site for item in self.items() for site in (item.sites() if isinstance(item, Region) else [item])]
+
+    def checkpointed_sites(self) -> list[Site]:
+        """The sites inside a checkpointed region."""
+        return [site for region in self.regions() for site in region.sites()]
+
+    def all_regions(self) -> list[Region]:
+        return [inner for region in self.regions() for inner in region.regions()]
+
+    def ops(self) -> set[Op]:
+        """Every op a site of this program runs."""
+        return {site.op for site in self.sites()}
+
+    def passings(self) -> set[Passing]:
+        """Every passing a region of this program is entered with."""
+        return {region.passing for region in self.all_regions()}
+
+    @property
+    def spec(self) -> str:
+        """The program as a spec (`harness.spec`): it parses back to a program that runs the same."""
+        from .spec import format_spec
+
+        return format_spec(self)
+
+    def __str__(self) -> str:
+        return self.name  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
-class Program:
-    """A workload, named by its factors; `regions()` is its tree."""
+class Program(Tree):
+    """A workload named by its five factors; `items()` is its tree (every site has the program's
+    op, dtype and passing; every site is inside a region)."""
 
     op: Op
     dtype: Dtype
@@ -163,41 +237,30 @@ class Program:
     def factors(self) -> dict[str, enum.Enum]:
         return {name: getattr(self, name) for name in FACTORS}
 
-    @property
-    def shape_dims(self) -> tuple[int, int]:
-        return SHAPES[self.shape]
-
     def site_op(self, index: int) -> Op:
         if self.op is Op.NODRAW:  # a site that draws nothing beside one that does
             return Op.NODRAW if index % 2 == 0 else Op.NATIVE_DROPOUT
         return self.op
 
-    def regions(self) -> tuple[Region, ...]:
+    def items(self) -> tuple[Item, ...]:
         """The top-level regions, sites numbered s0, s1, ... in execution order and regions r0,
         r1, ... depth first (outer before inner)."""
         sites, regions = itertools.count(), itertools.count()
+        kernel = self.passing is Passing.SDPA_KERNEL
+        backend = self.op if kernel else None
 
         def build(items: list) -> Region:
             name = f"r{next(regions)}"  # before the inner regions: outer regions number first
-            built: list[Union[Site, Region]] = []
+            built: list[Item] = []
             for item in items:
                 if isinstance(item, list):
                     built.append(build(item))
                 else:
                     index = next(sites)
-                    built.append(Site(f"s{index}", self.site_op(index), index))
-            return Region(name, tuple(built))
+                    built.append(Site(f"s{index}", self.site_op(index), index, self.dtype, None, not kernel))
+            return Region(name, tuple(built), self.passing, backend)
 
         return tuple(build(region) for region in TREES[self.nesting])
-
-    def sites(self) -> list[Site]:
-        return [site for region in self.regions() for site in region.sites()]
-
-    def all_regions(self) -> list[Region]:
-        return [inner for region in self.regions() for inner in region.regions()]
-
-    def __str__(self) -> str:
-        return self.name
 
 
 def parse_enum(enum_type: type[enum.Enum], name: str, value: "str | enum.Enum",
@@ -218,8 +281,13 @@ def parse_factor(name: str, value: "str | enum.Enum") -> enum.Enum:
     return parse_enum(FACTORS[name], name, value, ProgramError)
 
 
-def parse_program(name: str) -> Program:
-    """A program from its name (`Program.name`): a nesting alone, or five dotted factors."""
+def parse_program(name: str) -> Tree:
+    """A program from its name (`Program.name`: a nesting alone, or five dotted factors) or its
+    spec (`harness.spec`: anything with a parenthesis)."""
+    if "(" in name or ")" in name:
+        from .spec import parse_spec
+
+        return parse_spec(name)
     parts = name.strip().split(".")
     if len(parts) == 1:
         return Program(*CLASSIC, parse_factor("nesting", parts[0]))  # type: ignore[arg-type]

@@ -20,7 +20,9 @@ from .reference import check_reference
 from .streams import preserved_global_rng, snapshot_streams, stream_objects
 from .workload import CheckpointFn, Tensors, Workload, alias_problem, make_tracker_streams, seed_all
 
-ITERATIONS = 2  # K >= 2: the second iteration shows what a leaked stream advance does next
+# K >= 2: the second iteration shows what a leaked stream advance does next (spec programs may
+# ask for more: `Program.iterations`).
+ITERATIONS = 2
 
 
 class Outcome(str, enum.Enum):
@@ -99,7 +101,11 @@ def environment_skip(case: Case) -> str | None:
     attention backend this GPU or torch build does not offer for the program's input."""
     if case.device is Device.CUDA and not torch.cuda.is_available():
         return "no CUDA device is visible"
-    return ops.unrunnable(case.op, case.dtype, case.shape, case.device.value)
+    for op, dtype in dict.fromkeys((site.op, site.dtype) for site in case.program.sites()):
+        reason = ops.unrunnable(op, dtype, case.shape, case.device.value)
+        if reason:
+            return reason
+    return None
 
 
 class _Clock:
@@ -264,7 +270,7 @@ def _declared_unsupported(impl: Any, name: str, case: Case) -> str | None:
     return answer or None
 
 
-def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = False,
+def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = False,
         name: str | None = None) -> CaseResult:
     """Run `case` under `impl` against a non-checkpointed reference; never raises for impl faults.
 
@@ -277,8 +283,10 @@ def run(case: Case, impl: Any, iterations: int = ITERATIONS, timeline: bool = Fa
     every stream at each region entry and exit, after the interleaved draws and after backward is
     kept in ``result.timelines`` (for `repro`; not part of the record).  An adapter that raises
     anything (SystemExit included; KeyboardInterrupt excepted) gives an `error` result.
+    `iterations` defaults to the program's (2 for named programs).
     """
     start = time.perf_counter()
+    iterations = iterations or case.program.iterations
     name = name or getattr(impl, "name", "?")
     fault = None
     try:
@@ -319,7 +327,8 @@ def require_reproducible(case: Case, first: RunRecord, second: RunRecord, output
     if differences:
         raise NotReproducible(
             f"the reference is not bit-reproducible here: a second identical run differs ({differences[0].message()}"
-            f"{f'; +{len(differences) - 1} more' if len(differences) > 1 else ''}); {case.op.value}'s backward "
+            f"{f'; +{len(differences) - 1} more' if len(differences) > 1 else ''}); the backward of "
+            f"{', '.join(sorted(op.value for op in case.program.ops() if not ops.REGISTRY[op].reproducible))} "
             "accumulates in a run-to-run order on this GPU, so no oracle can judge this case")
 
 
@@ -330,7 +339,7 @@ def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool,
         torch.cuda.init()  # before the RNG inventory, so CUDA generators are part of it
     checkpoint_with = checkpointing(impl, case, name)
     clock = _Clock(result.timings)
-    with preserved_global_rng(), ops.determinism(case.op):
+    with preserved_global_rng(), ops.determinism(case.program.ops()):
         tensors = Tensors.make(case, device)
         make_tracker = getattr(impl, "make_tracker", None)
         timelines = result.timelines = {"reference": [], "checkpointed": []} if timeline else {}
@@ -339,7 +348,7 @@ def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool,
                                        make_tracker, None)
         check_reference(reference, workload.site_streams(), iterations, str(device), name,
                         drawing=workload.drawing_sites())
-        if not ops.REGISTRY[case.op].reproducible and device.type == "cuda":
+        if not all(ops.REGISTRY[op].reproducible for op in case.program.ops()) and device.type == "cuda":
             again, _ = _execute(case, iterations, None, device, tensors, make_tracker, None)
             require_reproducible(case, reference, again, workload.output_names(), iterations)
         clock.lap("reference")

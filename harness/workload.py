@@ -22,9 +22,9 @@ from typing import Any, Callable
 import torch
 
 from . import ops
-from .cases import Case, Interleave, Layout, Passing
+from .cases import Case, Interleave, Layout, Passing, layout_stream
 from .checkpoint.generators import default_generator
-from .programs import TORCH_DTYPES, Region, Site
+from .programs import TORCH_DTYPES, Dtype, Region, Site
 from .records import LOSS
 from .streams import state_value
 
@@ -43,15 +43,24 @@ Record = Callable[[str, torch.Tensor], None]
 Watch = Callable[[str, bool, bool], None]  # site, advanced the default generator, advanced its stream
 
 
+# A `programs.STREAMS` code -> the tracker stream it names (None: the default generator).
+STREAM_NAMES = {"d": None, "t": TRACKED_STREAM, "a": SHARED_STREAMS[0], "b": SHARED_STREAMS[1]}
+
+
 def site_stream(layout: Layout, index: int) -> str | None:
     """The tracker stream site number `index` draws from in `layout` (None: the default generator)."""
-    if layout in (Layout.DEFAULT, Layout.UNTRACKED):
-        return None
-    if layout is Layout.TRACKED:
-        return TRACKED_STREAM
-    if layout is Layout.MIXED:
-        return None if index % 2 == 0 else TRACKED_STREAM
-    return SHARED_STREAMS[index % 2]  # Layout.SHARED
+    return STREAM_NAMES[layout_stream(layout, index)]
+
+
+def case_streams(case: Case) -> dict[str, str | None]:
+    """Site name -> the tracker stream it draws from in `case` (None: the default generator):
+    the site's own stream where its program names one, else its layout's."""
+    return {name: STREAM_NAMES[code] for name, code in case.streams().items()}
+
+
+def uses_shared(case: Case) -> bool:
+    """Whether a site of `case` draws from the shared pair (the tracker then has those streams)."""
+    return any(code in "ab" for code in case.streams().values())
 
 
 def plan(case: Case) -> tuple[Region, ...]:
@@ -72,7 +81,8 @@ def seed_all() -> None:
 
 
 def make_tracker_streams(tracker: Any, layout: Layout) -> None:
-    """Add the streams a layout uses to a fresh tracker (deterministic seeds)."""
+    """Add the streams a layout uses to a fresh tracker (deterministic seeds): the tracked stream,
+    and in the shared layout (the only one whose sites may draw from them) the shared pair."""
     if tracker is None:
         return
     tracker.add(TRACKED_STREAM, STREAM_SEEDS[TRACKED_STREAM])
@@ -84,8 +94,8 @@ def make_tracker_streams(tracker: Any, layout: Layout) -> None:
 @dataclass
 class Tensors:
     """Input and parameters of one case, made from a private generator (no global RNG used):
-    ``input``, ``weight.sN`` per site, ``matrix.rN`` per region where regions start with a matmul
-    (the autocast passing), and the loss weight."""
+    ``input`` (in the program's dtype), ``weight.sN`` per site (in the site's dtype), ``matrix.rN``
+    per region that starts with a matmul (the autocast passing), and the loss weight."""
 
     x: torch.Tensor
     weights: dict[str, torch.Tensor]
@@ -95,17 +105,16 @@ class Tensors:
     def make(cls, case: Case, device: torch.device) -> "Tensors":
         gen = torch.Generator().manual_seed(0)
         program = case.program
-        dtype = getattr(torch, TORCH_DTYPES[program.dtype])
         shape = program.shape_dims
 
-        def draw(size: tuple[int, int] = shape, scale: float = 1.0) -> torch.Tensor:
-            return ((torch.rand(size, generator=gen) + 0.5) * scale).to(device=device, dtype=dtype)
+        def draw(size: tuple[int, int] = shape, scale: float = 1.0, dtype: Dtype = program.dtype) -> torch.Tensor:
+            value = (torch.rand(size, generator=gen) + 0.5) * scale
+            return value.to(device=device, dtype=torch_dtype(dtype))
 
         x = draw()
-        weights = {f"weight.{site.name}": draw() for site in program.sites()}
-        if program.passing is Passing.AUTOCAST:
-            weights.update({f"matrix.{r.name}": draw((shape[1], shape[1]), 1.0 / shape[1])
-                            for r in program.all_regions()})
+        weights = {f"weight.{site.name}": draw(dtype=site.dtype) for site in program.sites()}
+        weights.update({f"matrix.{r.name}": draw((shape[1], shape[1]), 1.0 / shape[1])
+                        for r in program.all_regions() if r.passing is Passing.AUTOCAST})
         return cls(x, weights, draw())
 
     def fresh_leaves(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -113,6 +122,10 @@ class Tensors:
         x = self.x.clone().requires_grad_(True)
         weights = {k: v.clone().requires_grad_(True) for k, v in self.weights.items()}
         return x, weights
+
+
+def torch_dtype(dtype: Dtype) -> torch.dtype:
+    return getattr(torch, TORCH_DTYPES[dtype])
 
 
 def alias_problem(tracker: Any, device: torch.device) -> str:
@@ -177,17 +190,17 @@ class Workload:
         self.weights, self.checkpoint, self.record = weights, checkpoint, record
         self.watch, self.event = watch, event or (lambda label: None)
         self.program = case.program
-        self.regions = self.program.regions()
+        self.streams = case_streams(case)
 
     def _stream(self, site: Site) -> contextlib.AbstractContextManager:
-        stream = site_stream(self.case.layout, site.index)
+        stream = self.streams[site.name]
         if stream is None or self.tracker is None:
             return contextlib.nullcontext()
         return self.tracker.fork(stream)
 
     def _states(self, site: Site) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The value of the device's default generator and of the site's tracker stream, now."""
-        stream, name = None, site_stream(self.case.layout, site.index)
+        stream, name = None, self.streams[site.name]
         if name is not None and self.tracker is not None:
             holder = self.tracker.generator(name) if hasattr(self.tracker, "generator") \
                 else self.tracker.get_states()[name]
@@ -197,8 +210,11 @@ class Workload:
     def _site(self, site: Site, h: torch.Tensor) -> torch.Tensor:
         # Only eager draws are watched: a state read during capture is relative to the capture.
         before = self._states(site) if self.watch is not None and not _capturing() else None
+        dtype = torch_dtype(site.dtype)
+        if h.dtype != dtype:  # a spec program's site may work in another dtype than its input
+            h = h.to(dtype)
         with self._stream(site):
-            out, drawn = ops.REGISTRY[site.op].apply(h, self.program.passing is not Passing.SDPA_KERNEL)
+            out, drawn = ops.REGISTRY[site.op].apply(h, site.own_backend)
         if before is not None:
             after = self._states(site)
             stream_moved = before[1] is not None and not torch.equal(before[1], after[1])
@@ -213,7 +229,7 @@ class Workload:
         def run(h: torch.Tensor) -> torch.Tensor:
             self.event(f"{region.name} entry")
             dtype = h.dtype
-            if self.program.passing is Passing.AUTOCAST:  # a matmul, which autocast runs in bfloat16
+            if region.passing is Passing.AUTOCAST:  # a matmul, which autocast runs in bfloat16
                 h = (h @ self.weights[f"matrix.{region.name}"]).to(dtype)
             for item in region.items:
                 h = self._call(item, h) if isinstance(item, Region) else self._site(item, h)
@@ -222,17 +238,17 @@ class Workload:
 
         return run
 
-    def _context(self) -> contextlib.AbstractContextManager:
+    def _context(self, region: Region) -> contextlib.AbstractContextManager:
         """The context a region is entered under: what backward does not have."""
-        if self.program.passing is Passing.AUTOCAST:
+        if region.passing is Passing.AUTOCAST:
             return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPE)
-        if self.program.passing is Passing.SDPA_KERNEL:
-            return ops.sdpa_context(self.program.op)
+        if region.passing is Passing.SDPA_KERNEL and region.backend is not None:
+            return ops.sdpa_context(region.backend)
         return contextlib.nullcontext()
 
     def _call(self, region: Region, h: torch.Tensor) -> torch.Tensor:
-        fn, args, kwargs = _entered(self._body(region), self.program.passing, h)
-        with self._context():
+        fn, args, kwargs = _entered(self._body(region), region.passing, h)
+        with self._context(region):
             out = fn(*args, **kwargs) if self.checkpoint is None else self.checkpoint(fn, args, kwargs, h)
         self.record(region.name, out)  # what the caller got back from the region
         return out
@@ -240,9 +256,9 @@ class Workload:
     def forward(self, x: torch.Tensor, loss_weight: torch.Tensor) -> torch.Tensor:
         """The scalar loss (float32) of one forward pass through every region (recorded as ``loss``)."""
         h = x
-        for region in self.regions:
-            h = self._call(region, h)
-        loss = (h * loss_weight).float().sum()
+        for item in self.program.items():  # regions, and sites outside any (spec programs)
+            h = self._call(item, h) if isinstance(item, Region) else self._site(item, h)
+        loss = (h.to(loss_weight.dtype) * loss_weight).float().sum()
         self.record(LOSS, loss)
         return loss
 
@@ -266,8 +282,8 @@ class Workload:
                     torch.rand(INTERLEAVE_NUMEL, device=self.device)
 
     def checkpointed_sites(self) -> list[str]:
-        """Names of the sites inside a checkpointed region (all of them, in this workload)."""
-        return [site.name for site in self.program.sites()]
+        """Names of the sites inside a checkpointed region."""
+        return [site.name for site in self.program.checkpointed_sites()]
 
     def drawing_sites(self) -> list[str]:
         """Names of the sites whose op draws random numbers (all but ``nodraw`` ones)."""
@@ -279,4 +295,4 @@ class Workload:
 
     def site_streams(self) -> dict[str, str | None]:
         """Site name -> tracker stream name (None: the default generator)."""
-        return {site.name: site_stream(self.case.layout, site.index) for site in self.program.sites()}
+        return dict(self.streams)

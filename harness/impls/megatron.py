@@ -297,7 +297,7 @@ class MegatronAdapter(Adapter):
                     f"(torch.cuda RNG state, CUDA default generators); no {case.device.value} path")
         if case.layout is Layout.SHARED:
             return no_aliases_reason("Megatron-core's CudaRNGStatesTracker")
-        if case.passing is Passing.KEYWORD:
+        if Passing.KEYWORD in case.program.passings():
             return ("megatron.core.tensor_parallel.checkpoint(function, distribute_saved_activations, *args) "
                     "passes no keyword arguments to the region")
         if case.mode is Mode.NONREENTRANT:
