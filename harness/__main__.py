@@ -1,4 +1,4 @@
-"""Command line: ``python -m harness {list,run,repro,report}`` (also installed as ``ckpt-harness``).
+"""Command line: ``python -m harness {list,run,repro,fuzz,bench,report}`` (also ``ckpt-harness``).
 
 Exit status: 0 when every case passed or failed as expected, 1 when a case failed unexpectedly
 (or failed differently than expected, or an expected failure went stale, or bundled/torch declared
@@ -20,7 +20,7 @@ from . import impls, isolation, shards
 from . import report as reporting
 from . import repro_script, timeline
 from .report import cli as report_cli
-from .cases import AXES, MATRICES, Capture, CaseError, Case, generate, parse_case_id
+from .cases import AXES, MATRICES, Capture, CaseError, Case, Device, generate, parse_case_id, parse_value
 from .execution import (
     INTERRUPTED, UsageError, check_selection, load_targets, proved_nothing, resolve_devices, run_case,
 )
@@ -94,6 +94,36 @@ def _parser() -> argparse.ArgumentParser:
     p_repro.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
     p_repro.add_argument("--allow-unsupported", action="store_true",
                          help="run the impl even when its package cannot load (the case is unsupported)")
+
+    p_fuzz = sub.add_parser("fuzz", help="run random region programs under one impl; shrink a failure to "
+                                         "its smallest program")
+    p_fuzz.add_argument("--impl", default="bundled")
+    p_fuzz.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    amount = p_fuzz.add_mutually_exclusive_group()
+    amount.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="fuzz for this long (default 60 s)")
+    amount.add_argument("--examples", type=int, default=None, metavar="N", help="generate this many programs")
+    p_fuzz.add_argument("--seed", type=int, default=None, metavar="S",
+                        help="random seed (default: a new one, printed, so the run can be repeated)")
+    p_fuzz.add_argument("--new-only", action="store_true",
+                        help="a failure the expectations file already describes does not count: look for new ones")
+    p_fuzz.add_argument("--keep-going", action="store_true",
+                        help="after a failure go on until the budget is spent, shrinking each failure of a new kind "
+                             "(outcome and oracles)")
+    p_fuzz.add_argument("--capture", metavar="V[,V]", default=None,
+                        help="only these capture modes (default: every one the device has)")
+    p_fuzz.add_argument("--isolate", dest="isolate", action="store_true", default=None,
+                        help="run cases in a replaceable worker process (default on cuda: a sticky CUDA error "
+                             "must not poison every later case)")
+    p_fuzz.add_argument("--no-isolate", dest="isolate", action="store_false", help="run cases in this process")
+    p_fuzz.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_fuzz.add_argument("--corpus", default=None, metavar="FILE",
+                        help="where a found failure is added (default: cases/corpus.toml)")
+    p_fuzz.add_argument("--no-save", dest="save", action="store_false", help="do not add a found failure to the corpus")
+    p_fuzz.add_argument("--no-database", dest="database", action="store_false",
+                        help="no Hypothesis example database (default: .hypothesis/harness-fuzz replays earlier failures first)")
+    p_fuzz.add_argument("--allow-unsupported", action="store_true",
+                        help="run the impl even when its package cannot load (every case unsupported)")
 
     p_bench = sub.add_parser("bench", help="measure speed and memory of one impl's default matrix")
     p_bench.add_argument("--impl", default="bundled")
@@ -207,12 +237,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if result.error:
         print(result.error)
         print(result.traceback.rstrip())
-    by_oracle: dict[str, list[str]] = {}
-    for mismatch in result.mismatches:
-        by_oracle.setdefault(mismatch.oracle, []).append(mismatch.message())
-    for oracle, lines in by_oracle.items():
-        print(f"\n{oracle} ({len(lines)}):")
-        print("\n".join(f"  {line}" for line in lines))
+    print_mismatches(result.mismatches)
     timelines = result.timelines
     if timelines.get("checkpointed"):
         rows = timeline.rows(timelines["reference"], timelines["checkpointed"])
@@ -224,6 +249,129 @@ def cmd_repro(args: argparse.Namespace) -> int:
         Path(args.script).write_text(repro_script.render(case, args.impl))
         print(f"\nstandalone script: {args.script} (python {args.script}; exit 1 when the mismatch reproduces)")
     return 1 if result.outcome.value in ("mismatch", "error", "crash", "timeout") else 0
+
+
+def print_mismatches(mismatches: Sequence[Any], indent: str = "") -> None:
+    """The mismatches grouped by oracle, one line each, as `repro` shows them."""
+    by_oracle: dict[str, list[str]] = {}
+    for mismatch in mismatches:
+        by_oracle.setdefault(mismatch.oracle, []).append(mismatch.message())
+    for oracle, lines in by_oracle.items():
+        print(f"\n{indent}{oracle} ({len(lines)}):")
+        print("\n".join(f"{indent}  {line}" for line in lines))
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from . import fuzz
+
+    [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
+    [device] = resolve_devices(args.device)[:1]
+    entries = expectations_mod.load(args.expectations)
+    if args.examples is not None and args.examples < 1:
+        raise UsageFailure(f"--examples must be at least 1, got {args.examples}")
+    if args.budget is not None and args.budget <= 0:
+        raise UsageFailure(f"--budget must be positive, got {args.budget:g}")
+    budget = 60.0 if args.examples is None and args.budget is None else args.budget
+    if args.corpus and args.save:
+        reporting.check_report_dir(Path(args.corpus).resolve().parent)
+    seed_value = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
+    amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
+    isolated = ", isolated" if (device == "cuda" if args.isolate is None else args.isolate) else ""
+    print(f"fuzz {target.name} on {device}: {amount}, seed {seed_value}{isolated}"
+          f"{', new failures only' if args.new_only else ''}", flush=True)
+    captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
+    if captures:
+        check_selection([], [device], captures)
+    isolate = device == "cuda" if args.isolate is None else args.isolate
+    worker = isolation.CaseWorker(isolation.DEFAULT_TIMEOUT_S) if isolate else None
+    progress = FuzzProgress()
+    try:
+        found = fuzz.fuzz(target, Device(device), entries, examples=args.examples, budget=budget,
+                          seed_value=seed_value, new_only=args.new_only, keep_going=args.keep_going,
+                          captures=captures, database=fuzz.DATABASE_DIR if args.database else None,
+                          worker=worker, progress=progress.update)
+    except KeyboardInterrupt:
+        progress.done()
+        print(f"interrupted after {progress.tried} programs: no failure reported", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        if worker is not None:
+            worker.close()
+    progress.done()
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
+    rate = found.tried / found.seconds if found.seconds else 0.0
+    summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
+    if not found.findings:
+        print(f"no failure in {summary}")
+        return 0
+    for number, finding in enumerate(found.findings, 1):
+        _print_finding(finding, number, len(found.findings), target.name)
+        if args.save:
+            from . import corpus
+
+            path = Path(args.corpus) if args.corpus else corpus.DEFAULT_PATH
+            added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
+            print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
+                  "a known bug of an impl needs an entry in the expectations file too)")
+    repeats = f", {found.repeats} more like them" if found.repeats else ""
+    print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''}{repeats} in {summary}")
+    return 1
+
+
+def _print_finding(finding: Any, number: int, total: int, impl: str) -> None:
+    from . import fuzz
+
+    result, record = finding.run.result, finding.run.record
+    case = result.case
+    label = f"failure {number} of {total}" if total > 1 else "failure"
+    print(f"\n{label} after {finding.found_after} programs ({finding.found_seconds:.1f} s); shrunk in "
+          f"{finding.shrink_steps} more runs ({finding.shrink_seconds:.1f} s) to:")
+    print(f"  case     {case.id}")
+    print(f"  program  {case.program.spec}")
+    print(f"  outcome  {fuzz.outcome_text(record)} (verdict {record['verdict']})")
+    if finding.flaky:
+        print("  flaky    this case failed, then passed when Hypothesis ran it again")
+    if record["verdict"] == "xfail":
+        print(f"  known    {record['expected_failure'].splitlines()[0]}")
+    elif record["verdict_note"]:
+        print(f"  note     {record['verdict_note']}")
+    print_mismatches(result.mismatches, indent="  ")
+    if result.error:
+        print(f"\n  {result.error}")
+    print(f"\nrerun:   python -m harness repro '{case.id}' --impl {impl}")
+    print(f"matrix:  pytest cases --impl {impl} --program '{case.program.spec}'")
+
+
+class FuzzProgress:
+    """Programs run so far and their rate: one rewritten line on a terminal (stderr), else a line
+    every 30 s."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.started = self.last = time.perf_counter()
+        self.tried = 0
+        self.shown = False
+
+    def update(self, found: Any) -> None:
+        self.tried = found.tried
+        now = time.perf_counter()
+        if not self.tty and now - self.last < 30:
+            return
+        self.last = now
+        elapsed = now - self.started
+        counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
+        line = f"[{elapsed:6.1f} s] {found.tried} programs ({found.tried / elapsed:.1f}/s): {counts}"
+        if found.shrink_steps:
+            line += f"; shrinking ({found.shrink_steps} runs)"
+        if self.tty:
+            print(f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
+            self.shown = True
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.shown:
+            print(file=sys.stderr)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -242,7 +390,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "bench": cmd_bench}
+COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
+                            "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

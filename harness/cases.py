@@ -163,8 +163,9 @@ def layout_stream(layout: Layout, index: int) -> str:
     return "ab"[index % 2]  # Layout.SHARED
 
 
-# The streams a layout's sites may draw from, and which of them they must: the layout in a case
-# id says what the sites do, for spec programs whose sites name their streams too.
+# The streams a layout's sites may draw from, and those its sites must draw from: all of them
+# (the mixed layout: both) or one of them (the shared layout: one of the pair).  The layout in a
+# case id says what the sites do, also for spec programs whose sites name their streams.
 LAYOUT_STREAMS = {
     Layout.DEFAULT: ("d", ""), Layout.UNTRACKED: ("d", ""), Layout.TRACKED: ("t", ""),
     Layout.MIXED: ("dt", "dt"), Layout.SHARED: ("dtab", "ab"),
@@ -200,8 +201,10 @@ def _stream_reason(c: Case) -> str | None:
     if odd:
         return (f"the {c.layout.value} layout's sites draw from {' or '.join(allowed)}, but a site of the "
                 f"program draws from {odd[0]}: the case's layout must name what its sites do")
-    if needed and not streams & set(needed):
-        return f"the {c.layout.value} layout needs a site drawing from {' or '.join(needed)}"
+    if c.layout is Layout.MIXED and not set(needed) <= streams:
+        return "the mixed layout needs sites drawing from both d and t"
+    if c.layout is Layout.SHARED and not streams & set(needed):
+        return "the shared layout needs a site drawing from a or b"
     return None
 
 
@@ -273,10 +276,11 @@ def generate(matrix: str = "default", **filters: object) -> Iterator[Case]:
         raise CaseError(f"unknown matrix {matrix!r}; valid: {', '.join(MATRICES)}")
     names = filters.pop("program", None)
     programs = set(parse_programs(names)) if names else None
-    choices: dict[str, set[enum.Enum]] = {}
-    for axis, enum_type in AXES.items():
+    choices: dict[str, set[enum.Enum]] = {}  # the axes filtered on (a spec program may lack a factor)
+    for axis in AXES:
         wanted = filters.pop(axis, None)
-        choices[axis] = set(enum_type) if wanted is None else set(_as_values(axis, wanted))
+        if wanted is not None:
+            choices[axis] = set(_as_values(axis, wanted))
     if filters:
         raise CaseError(f"unknown axis {sorted(filters)[0]!r}; axes are: {', '.join([*AXES, 'program'])}")
 
@@ -284,10 +288,10 @@ def generate(matrix: str = "default", **filters: object) -> Iterator[Case]:
         return (all(getattr(case, axis) in values for axis, values in choices.items())
                 and (programs is None or case.program in programs))
 
-    devices = [d for d in Device if d in choices["device"]]
+    devices = [d for d in Device if d in choices.get("device", Device)]
     source = _full if matrix == "full" else _default
     if programs is not None:  # named programs: every valid cell of each, whatever the matrix
-        chosen = [p for p in parse_programs(names)]
+        chosen = list(dict.fromkeys(parse_programs(names)))
         return (case for device in devices for case in _cases(device, chosen) if wanted(case))
     # filters are checked above, before the first case is asked for
     return (case for device in devices for case in source(device) if wanted(case))

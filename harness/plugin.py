@@ -77,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config._harness_gpu = gpus.pin_worker(workerinput["workerid"], workerinput["testrunuid"])  # type: ignore[attr-defined]
     for marker in AXIS_MARKERS:
         config.addinivalue_line("markers", f"{marker}: harness cases whose id has the axis value {marker!r}")
+    config.addinivalue_line("markers", "spec: harness cases whose program is a spec (fuzzer findings, --program SPEC)")
     try:
         targets = load_targets(config.getoption("impl"), allow_unsupported=config.getoption("allow_unsupported"))
         config._harness_impls = {t.name: t for t in targets}  # type: ignore[attr-defined]
@@ -112,7 +113,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             if not shards.in_shard(impl_name, case.id, config._harness_shard):  # type: ignore[attr-defined]
                 continue
             param = HarnessCase(impl_name, case)
-            marks = [getattr(pytest.mark, value) for axis, value in case.axis_values().items() if axis in AXES]
+            marks = [getattr(pytest.mark, value) for axis, value in case.axis_values().items()
+                     if axis in AXES and value]  # a spec program lacks the factors it varies
+            if case.nesting is None:
+                marks.append(pytest.mark.spec)
             params.append(pytest.param(param, id=param.id, marks=marks))
     metafunc.parametrize("harness_case", params)
 

@@ -283,8 +283,8 @@ def parse_factor(name: str, value: "str | enum.Enum") -> enum.Enum:
 
 def parse_program(name: str) -> Tree:
     """A program from its name (`Program.name`: a nesting alone, or five dotted factors) or its
-    spec (`harness.spec`: anything with a parenthesis)."""
-    if "(" in name or ")" in name:
+    spec (`harness.spec`: anything with a parenthesis, ``+``, ``@`` or ``:``)."""
+    if any(mark in name for mark in "()+@:"):
         from .spec import parse_spec
 
         return parse_spec(name)

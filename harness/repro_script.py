@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 from .cases import Case, Interleave, Mode
-from .programs import ATTENTION_VIEWS, TORCH_DTYPES
+from .programs import ATTENTION_VIEWS, TORCH_DTYPES, Region, Site
+from .workload import case_streams
 
 TEMPLATE = Path(__file__).with_name("repro_template.py")
 
@@ -50,6 +51,22 @@ def checkpoint(fn, *args, tracker, **kwargs):
 '''
 
 
+def _program_literal(case: Case) -> str:
+    """The case's program as the template's PROGRAM list (streams resolved for the case's layout)."""
+    streams = case_streams(case)
+
+    def item(it: object, indent: str) -> str:
+        if isinstance(it, Region):
+            inner = f",\n{indent}    ".join(item(child, indent + "    ") for child in it.items)
+            backend = it.backend.value if it.backend else None
+            return f"(\"region\", {it.name!r}, {it.passing.value!r}, {backend!r}, [\n{indent}    {inner}])"
+        assert isinstance(it, Site)
+        return (f"(\"site\", {it.name!r}, {it.op.value!r}, {TORCH_DTYPES[it.dtype]!r}, {streams[it.name]!r}, "
+                f"{it.own_backend!r})")
+
+    return "[\n    " + ",\n    ".join(item(it, "    ") for it in case.program.items()) + ",\n]"
+
+
 def render(case: Case, impl: str) -> str:
     """The program's source for `case` under `impl`."""
     text = TEMPLATE.read_text()
@@ -60,15 +77,17 @@ def render(case: Case, impl: str) -> str:
         "REENTRANT": repr(case.mode is Mode.REENTRANT),
         "LAYOUT": repr(case.layout.value),
         "CAPTURE": repr(case.capture.value),
-        "OP": repr(program.op.value),
         "DTYPE": f"torch.{TORCH_DTYPES[program.dtype]}",
         "SHAPE": repr(program.shape_dims),
         "ATTENTION_VIEW": repr(ATTENTION_VIEWS[program.shape]),
-        "PASSING": repr(program.passing.value),
-        "NESTING": repr(program.nesting.value),
+        "ITERATIONS": repr(program.iterations),
         "INTERLEAVE": repr(case.interleave is Interleave.DRAWS),
         "DEVICE": f"torch.device({case.device.value!r})",
     }
+    text, count = re.subn(r"^PROGRAM = \[.*?\]\)\]\n", lambda _: f"PROGRAM = {_program_literal(case)}\n", text,
+                          count=1, flags=re.M | re.S)
+    if count != 1:
+        raise RuntimeError("repro template lacks its PROGRAM")
     for name, value in values.items():
         text, count = re.subn(rf"^{name} = .*?(  #.*)?$", f"{name} = {value}\\1", text, count=1, flags=re.M)
         if count != 1:

@@ -19,15 +19,22 @@ IMPL = "torch"
 REENTRANT = True
 LAYOUT = "tracked"  # default | tracked | mixed | shared | untracked
 CAPTURE = "eager"  # eager | separate | single
-OP = "native_dropout"  # the RNG consumer of the sites (see OPS below)
-DTYPE = torch.float32
+# The region program: a list of items in order.  A site is ("site", name, op, dtype, stream,
+# own_backend): its RNG consumer (see OPS below), the dtype it works in, the tracker stream it
+# draws from (None: the default generator) and whether an attention site chooses its backend
+# itself.  A region is ("region", name, passing, backend, items): a checkpointed function of its
+# items, receiving its input by passing (positional | keyword | closure | list | dict) or entered
+# under a context (autocast | sdpa_kernel, the backend of that attention op).  A site outside
+# every region draws in forward only.
+PROGRAM = [("region", "r0", "positional", None, [("site", "s0", "native_dropout", "float32", "model-parallel", True),
+                                                 ("site", "s1", "native_dropout", "float32", "model-parallel", True)])]
+DTYPE = torch.float32  # of the input
 SHAPE = (64, 64)
 ATTENTION_VIEW = (1, 1, 64, 64)  # (batch, heads, sequence, head dim) of an attention site
-PASSING = "positional"  # positional | keyword | closure | list | dict | autocast | sdpa_kernel
-NESTING = "flat"  # flat | nested | siblings | deep | wide
+ITERATIONS = 2
 INTERLEAVE = False  # draw from every stream between forward and backward
 DEVICE = torch.device("cpu")
-P, SEED, ITERATIONS, DRAW_NUMEL = 0.5, 1234, 2, 1000
+P, SEED, DRAW_NUMEL = 0.5, 1234, 1000
 # --- the implementation under test -----------------------------------------------------------
 # BEGIN IMPLEMENTATION (the generator replaces this block)
 def make_tracker(device):
@@ -93,58 +100,40 @@ class Tracker:
 
 
 # --- the workload ----------------------------------------------------------------------------
-REGIONS = {  # a list is a checkpointed region; strings are sites
-    "flat": [["s0", "s1"]], "nested": [["s0", ["s1", "s2"], "s3"]], "siblings": [["s0", "s1"], ["s2", "s3"]],
-    "deep": [["s0", ["s1", ["s2", "s3"], "s4"], "s5"]], "wide": [["s0", "s1"], ["s2", "s3"], ["s4", "s5"]],
-}[NESTING]
-
-
-def _flatten(items):
-    return [name for item in items for name in (_flatten(item) if isinstance(item, list) else [item])]
-
-
-def _named(items, count):
-    """Lists become (name, items) regions, named r0, r1, ... depth first (as the harness does)."""
-    out = []
+def _sites(items):
     for item in items:
-        if isinstance(item, list):
-            name = f"r{len(count)}"
-            count.append(name)
-            out.append((name, _named(item, count)))
+        if item[0] == "site":
+            yield item
         else:
-            out.append(item)
-    return out
+            yield from _sites(item[4])
 
 
-SITES = _flatten(REGIONS)
-REGION_NAMES = []
-REGIONS = _named(REGIONS, REGION_NAMES)
+def _regions(items):
+    for item in items:
+        if item[0] == "region":
+            yield item
+            yield from _regions(item[4])
 
 
-def site_stream(index):
-    return {"default": None, "untracked": None, "tracked": "model-parallel",
-            "mixed": (None, "model-parallel")[index % 2], "shared": ("shared-a", "shared-b")[index % 2]}[LAYOUT]
+SITES = [site[1] for site in _sites(PROGRAM)]
+CHECKPOINTED = [site[1] for region in PROGRAM if region[0] == "region" for site in _sites(region[4])]
 
 
-def site_op(index):
-    if OP == "nodraw":  # a site that draws nothing beside a dropout site
-        return "nodraw" if index % 2 == 0 else "native_dropout"
-    return OP
-
-
-def attention_backend():
+def attention_backend(op):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     name = {"sdpa_math": "MATH", "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
-            "sdpa_cudnn": "CUDNN_ATTENTION"}[OP]
+            "sdpa_cudnn": "CUDNN_ATTENTION"}[op]
     return sdpa_kernel(getattr(SDPBackend, name))
 
 
-def attention(h):
-    q = h.view(ATTENTION_VIEW)
-    with attention_backend() if PASSING != "sdpa_kernel" else contextlib.nullcontext():
-        out = F.scaled_dot_product_attention(q, q, q, dropout_p=P, scale=1.0 / ATTENTION_VIEW[3])
-    return out.reshape(h.shape), out
+def attention(op, own_backend):
+    def apply(h):
+        q = h.view(ATTENTION_VIEW)
+        with attention_backend(op) if own_backend else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(q, q, q, dropout_p=P, scale=1.0 / ATTENTION_VIEW[3])
+        return out.reshape(h.shape), out
+    return apply
 
 
 def times(draw):
@@ -182,21 +171,20 @@ OPS = {  # op -> h -> (what the site passes on, the RNG output compared)
     "uniform_": times(lambda h: torch.empty_like(h).uniform_(0.5, 1.5)),
     "multinomial": sample,
     "randperm": permute,
-    "sdpa_math": attention, "sdpa_efficient": attention, "sdpa_flash": attention, "sdpa_cudnn": attention,
     "nodraw": lambda h: (h, h),
-}
+}  # and sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn: attention(op, own_backend)
 
 
 def initial_tensors():
     gen = torch.Generator().manual_seed(0)
 
-    def draw(size=SHAPE, scale=1.0):
-        return ((torch.rand(size, generator=gen) + 0.5) * scale).to(device=DEVICE, dtype=DTYPE)
+    def draw(size=SHAPE, scale=1.0, dtype=DTYPE):
+        return ((torch.rand(size, generator=gen) + 0.5) * scale).to(device=DEVICE, dtype=dtype)
 
     x = draw()
-    weights = {f"weight.{name}": draw() for name in SITES}
-    if PASSING == "autocast":
-        weights.update({f"matrix.{name}": draw((SHAPE[1], SHAPE[1]), 1.0 / SHAPE[1]) for name in REGION_NAMES})
+    weights = {f"weight.{site[1]}": draw(dtype=getattr(torch, site[3])) for site in _sites(PROGRAM)}
+    weights.update({f"matrix.{region[1]}": draw((SHAPE[1], SHAPE[1]), 1.0 / SHAPE[1])
+                    for region in _regions(PROGRAM) if region[2] == "autocast"})
     return x, weights, draw()
 
 
@@ -219,11 +207,11 @@ class Run:
         self.checkpointed, self.phase, self.iteration = checkpointed, "forward", 0
         self.masks, self.grads, self.states, self.captured = {}, {}, {}, {}
 
-    def site(self, name, h):
-        index = int(name[1:])
-        stream = site_stream(index)
+    def site(self, site, h):
+        _, name, op, dtype, stream, own_backend = site
+        h = h.to(getattr(torch, dtype))
         with self.tracker.fork(stream) if stream else contextlib.nullcontext():
-            h, drawn = OPS[site_op(index)](h)
+            h, drawn = (attention(op, own_backend) if op.startswith("sdpa_") else OPS[op])(h)
         key = (name, self.phase)
         if self.iteration < 0:  # under capture: a static buffer, read after every replay
             self.captured.setdefault(key, []).append(drawn.detach().clone())
@@ -231,15 +219,18 @@ class Run:
             self.masks.setdefault((self.iteration, *key), []).append(drawn.detach().clone())
         return h * self.w[f"weight.{name}"]
 
+    def item(self, item, h):
+        return self.region(item, h) if item[0] == "region" else self.site(item, h)
+
     def region(self, region, h):
-        name, items = region
+        _, name, passing, backend, items = region
 
         def body(h):
             dtype = h.dtype
-            if PASSING == "autocast":  # a matmul, which autocast runs in bfloat16
+            if passing == "autocast":  # a matmul, which autocast runs in bfloat16
                 h = (h @ self.w[f"matrix.{name}"]).to(dtype)
             for item in items:
-                h = self.region(item, h) if isinstance(item, tuple) else self.site(item, h)
+                h = self.item(item, h)
             return h.to(dtype)
 
         # how the region receives its input, and the context it is entered under
@@ -248,12 +239,12 @@ class Run:
             "closure": (lambda: body(h), (), {}),
             "list": (lambda hs: body(hs[0]), ([h],), {}),
             "dict": (lambda d: body(d["h"]), ({"h": h},), {}),
-        }.get(PASSING, (body, (h,), {}))
+        }.get(passing, (body, (h,), {}))
         context = contextlib.nullcontext()
-        if PASSING == "autocast":
+        if passing == "autocast":
             context = torch.autocast(DEVICE.type, dtype=torch.bfloat16)
-        elif PASSING == "sdpa_kernel":
-            context = attention_backend()
+        elif passing == "sdpa_kernel":
+            context = attention_backend(backend)
         with context:
             if self.checkpointed:
                 return checkpoint(fn, *args, tracker=self.tracker, **kwargs)
@@ -262,9 +253,9 @@ class Run:
     def forward(self):
         self.phase = "forward"
         h = self.x
-        for region in REGIONS:
-            h = self.region(region, h)
-        return (h * self.loss_weight).float().sum()
+        for item in PROGRAM:
+            h = self.item(item, h)
+        return (h.to(self.loss_weight.dtype) * self.loss_weight).float().sum()
 
     def draws(self, cpu=True, device=True):
         if not INTERLEAVE:
@@ -398,6 +389,8 @@ def main():
             problems.append(differ(forward[0], expected, f"forward mask {name} iteration {it}") if forward
                             else f"forward mask {name} iteration {it}: not drawn")
             recomputes = checkpointed.masks.get((it, name, "recompute"), [])
+            if name not in CHECKPOINTED:  # a site outside every region draws in forward only
+                continue
             if not recomputes:
                 problems.append(f"recompute mask {name} iteration {it}: never recomputed")
             for n, mask in enumerate(recomputes, 1):

@@ -56,6 +56,12 @@ def test_bundled_has_no_divergence():
         ("torch", "reentrant-mixed-eager-randperm.bf16.small.autocast.flat-draws-cpu", 1),
         ("neg-no-rewind", "nonreentrant-untracked-eager-bernoulli_.f16.small.positional.wide-none-cpu", 1),
         ("torch", "reentrant-untracked-eager-rand.f32.small.keyword.flat-none-cpu", 1),  # torch raises
+        # spec programs: per-site ops, dtypes and streams, sites between regions, 3 and 4 iterations
+        ("bundled", "nonreentrant-shared-eager-bf16.odd.x3:list(rand@t+dropout.f32+keyword(randn@a))+bernoulli_@b+"
+                    "autocast(uniform_)-draws-cpu", 0),
+        ("torch", "nonreentrant-mixed-eager-x4:(native_dropout@d+(randperm.f16@t))-none-cpu", 1),
+        ("neg-two-slots", "reentrant-default-eager-(native_dropout+((native_dropout)))-none-cpu", 1),
+        ("torch", "nonreentrant-default-eager-f16:normal_+closure(multinomial+sdpa_kernel(sdpa_math))+rand-draws-cpu", 0),
     ],
 )
 def test_the_standalone_script_agrees_with_the_harness(tmp_path, impl, case_id, status):

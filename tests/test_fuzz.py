@@ -1,0 +1,146 @@
+"""`python -m harness fuzz`: it finds and shrinks every negative control's bug on the CPU, finds
+nothing for `bundled`, excludes known failures with --new-only, keeps findings in the corpus that
+the default matrix replays, and refuses bad input in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import corpus, expectations, fuzz
+from harness.__main__ import main
+from harness.cases import CaseError, Device, generate, parse_case_id
+from harness.execution import load_targets
+
+ENTRIES = expectations.load()
+SEED = 20261203
+
+
+def shrunk(impl: str, examples: int = 300, **options):
+    [target] = load_targets([impl])
+    return fuzz.fuzz(target, Device.CPU, ENTRIES, examples=examples, seed_value=SEED, database=None, **options)
+
+
+# Control -> the most regions and sites its smallest failing program needs: one region with one
+# site shows most bugs; no-restore needs a draw between forward and recompute (the interleave or a
+# second region: Hypothesis may end in either), copied-alias a draw through each of the shared
+# pair, two-slots three recomputes pending at once (three regions).
+CPU_CONTROLS = {
+    "neg-live-handles": (1, 1), "neg-no-restore": (2, 2), "neg-ignore-tracker": (1, 1),
+    "neg-no-rewind": (1, 1), "neg-no-recompute": (1, 1), "neg-stale-rng": (1, 1),
+    "neg-extra-draw": (1, 1), "neg-wrong-output": (1, 1), "neg-replace-streams": (1, 1),
+    "neg-inert-fork": (1, 1), "neg-copied-alias": (1, 2), "neg-two-slots": (3, 2),
+}
+
+
+@pytest.mark.parametrize("impl", sorted(CPU_CONTROLS))
+def test_the_fuzzer_finds_and_shrinks_each_controls_bug(impl):
+    found = shrunk(impl)
+    assert found.failure is not None, f"{impl}: no failure in {found.tried} programs"
+    program = found.failure.result.case.program
+    regions, sites = CPU_CONTROLS[impl]
+    assert len(program.all_regions()) <= regions and len(program.sites()) <= sites, program.spec
+    assert found.failure.record["outcome"] in ("mismatch", "error")
+    [finding] = found.findings
+    assert found.tried == finding.found_after + finding.shrink_steps
+
+
+def test_host_values_needs_cuda_graphs_so_the_cpu_fuzzer_finds_nothing():
+    """neg-host-values breaks only separate CUDA graphs with draws between them: on the CPU no
+    program shows it (the GPU run proves the fuzzer finds it there)."""
+    assert shrunk("neg-host-values", examples=25).failure is None
+
+
+def test_the_smallest_program_of_two_slots_needs_three_regions():
+    program = shrunk("neg-two-slots").failure.result.case.program
+    assert len(program.all_regions()) == 3
+
+
+def test_a_short_fuzz_of_bundled_finds_nothing(capsys):
+    """What CI runs: a fixed seed, a few hundred programs."""
+    status = main(["fuzz", "--impl", "bundled", "--device", "cpu", "--examples", "300", "--seed", str(SEED),
+                   "--no-database", "--no-save"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "no failure in 300 programs" in out
+
+
+def test_new_only_skips_what_the_expectations_describe():
+    """torch's reentrant keyword error is a known failure: found without --new-only, and with it
+    whatever the fuzzer reports is a failure the expectations do not describe."""
+    known = shrunk("torch", examples=100)
+    assert known.failure is not None and known.failure.record["verdict"] == "xfail"
+    new = shrunk("torch", examples=100, new_only=True)
+    assert new.verdicts.get("xfail", 0) > 0
+    assert new.failure is None or new.failure.record["verdict"] == "fail"
+
+
+def test_keep_going_shrinks_each_kind_of_failure_once():
+    """torch on the CPU fails in several ways (the keyword error, the tracker streams, ...): a run
+    that keeps going reports each kind once and counts the rest as repeats."""
+    found = shrunk("torch", examples=150, keep_going=True)
+    kinds = [fuzz.signature(f.run.record) for f in found.findings]
+    assert len(kinds) >= 2 and len(set(kinds)) == len(kinds)
+    assert found.repeats > 0 and found.generated >= 150
+
+
+def test_the_example_database_replays_a_failure_first(tmp_path):
+    [target] = load_targets(["neg-no-rewind"])
+    first = fuzz.fuzz(target, Device.CPU, ENTRIES, examples=50, seed_value=1, database=tmp_path)
+    again = fuzz.fuzz(target, Device.CPU, ENTRIES, examples=50, seed_value=99, database=tmp_path)
+    assert first.failure is not None and again.found_after == 1
+    assert again.failure.result.case == first.failure.result.case
+
+
+def test_the_command_prints_the_shrunk_program_and_adds_it_to_the_corpus(tmp_path, capsys):
+    path = tmp_path / "corpus.toml"
+    args = ["fuzz", "--impl", "neg-no-rewind", "--device", "cpu", "--examples", "50", "--seed", "1",
+            "--no-database", "--corpus", str(path)]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "  program  (native_dropout)" in out and "recompute-mask" in out
+    assert "rerun:   python -m harness repro 'reentrant-default-eager-(native_dropout)-none-cpu'" in out
+    [finding] = corpus.load(path)
+    assert (finding.case.id, finding.impl) == ("reentrant-default-eager-(native_dropout)-none-cpu", "neg-no-rewind")
+    assert finding.outcome.startswith("mismatch: ")
+    assert main(args) == 1 and "already in" in capsys.readouterr().out
+    assert len(corpus.load(path)) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--examples", "0"], "--examples must be at least 1"),
+    (["--budget", "-1"], "--budget must be positive"),
+    (["--impl", "nope"], "nope"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    assert main(["fuzz", "--device", "cpu", "--no-database", "--no-save", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_budget_and_examples_are_exclusive():
+    with pytest.raises(SystemExit) as info:
+        main(["fuzz", "--budget", "5", "--examples", "5"])
+    assert info.value.code == 2
+
+
+def test_the_default_matrix_replays_the_corpus(tmp_path, monkeypatch):
+    path = tmp_path / "corpus.toml"
+    case = parse_case_id("nonreentrant-mixed-eager-x3:(rand@d+randn@t)+normal_-draws-cpu")
+    assert corpus.append(case, "torch", "mismatch: gradient", path)
+    monkeypatch.setattr(corpus, "DEFAULT_PATH", path)
+    assert case in list(generate(device="cpu"))
+    assert case not in list(generate(device="cuda"))
+
+
+def test_a_malformed_corpus_is_one_line(tmp_path, monkeypatch):
+    path = tmp_path / "corpus.toml"
+    path.write_text('[[finding]]\ncase = "reentrant-default-eager-(rand@t)-none-cpu"\nimpl = "torch"\n'
+                    'outcome = "x"\nfound = "2026-12-03"\n')
+    monkeypatch.setattr(corpus, "DEFAULT_PATH", path)
+    with pytest.raises(CaseError, match="finding 1: invalid case .* draws from t"):
+        list(generate(device="cpu"))
+
+
+def test_the_shipped_corpus_loads_and_its_cases_are_valid():
+    for finding in corpus.load():
+        assert parse_case_id(finding.case.id) == finding.case
