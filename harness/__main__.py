@@ -302,7 +302,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     rate = found.tried / found.seconds if found.seconds else 0.0
     summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
     if not found.findings:
-        print(f"no failure in {summary}")
+        noisy = f"; {found.noisy} failures not repeated bit for bit by a second run (nondeterministic " \
+                "attention backward), not counted" if found.noisy else ""
+        print(f"no failure in {summary}{noisy}")
         return 0
     for number, finding in enumerate(found.findings, 1):
         _print_finding(finding, number, len(found.findings), target.name)
@@ -314,6 +316,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
                   "a known bug of an impl needs an entry in the expectations file too)")
     repeats = f", {found.repeats} more like them" if found.repeats else ""
+    if found.noisy:
+        repeats += f", {found.noisy} not repeated bit for bit by a second run (nondeterministic attention backward)"
     print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''}{repeats} in {summary}")
     return 1
 

@@ -162,6 +162,7 @@ class FuzzResult:
     findings: list[Finding] = field(default_factory=list)
     shrink_steps: int = 0  # cases run while shrinking the failure now being shrunk
     repeats: int = 0  # failures like one already found (same signature), not shrunk again
+    noisy: int = 0  # failures that a second run did not repeat bit for bit (`_repeats`)
 
     @property
     def failure(self) -> CaseRun | None:
@@ -187,6 +188,19 @@ def outcome_text(record: dict[str, Any]) -> str:
         return f"mismatch: {', '.join(oracles)}"
     first = (record.get("error") or record.get("reason") or "").strip().splitlines()
     return f"{record['outcome']}: {first[0][:200]}" if first else record["outcome"]
+
+
+def _repeats(done: CaseRun, again: Callable[[], CaseRun]) -> bool:
+    """Whether a failure is deterministic.  Only cases with an op whose CUDA backward is not
+    bit-reproducible (`OpSpec.reproducible`) are run again: their reference ran twice and agreed,
+    but the checkpointed run can still differ by the backward's own run-to-run order.  A wrong
+    RNG stream repeats the same bits; such noise does not."""
+    case = done.result.case
+    if case.device is not Device.CUDA or all(ops.REGISTRY[op].reproducible for op in case.program.ops()):
+        return True
+    second = again()
+    return (second.record["outcome"] == done.record["outcome"]
+            and [m.message() for m in second.result.mismatches] == [m.message() for m in done.result.mismatches])
 
 
 def _found_in(error: BaseException) -> Found | None:
@@ -238,6 +252,9 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         result.verdicts[verdict] = result.verdicts.get(verdict, 0) + 1
         if progress is not None:
             progress(result)
+        if verdict in failing and not _repeats(done, lambda: run_case(target, case, entries, worker=worker)):
+            result.noisy += 1
+            return  # run-to-run noise of a nondeterministic backward, not a checkpoint's doing
         if verdict in failing:
             if signature(done.record) in state["seen"]:
                 result.repeats += 1

@@ -144,3 +144,28 @@ def test_a_malformed_corpus_is_one_line(tmp_path, monkeypatch):
 def test_the_shipped_corpus_loads_and_its_cases_are_valid():
     for finding in corpus.load():
         assert parse_case_id(finding.case.id) == finding.case
+
+
+class _Run:
+    """A stand-in CaseRun: a case, an outcome and mismatch lines."""
+
+    def __init__(self, case_id: str, outcome: str, lines: list[str]) -> None:
+        from types import SimpleNamespace
+
+        mismatches = [SimpleNamespace(message=lambda line=line: line) for line in lines]
+        self.result = SimpleNamespace(case=parse_case_id(case_id), mismatches=mismatches)
+        self.record = {"outcome": outcome}
+
+
+def test_a_failure_of_a_nondeterministic_backward_must_repeat_bit_for_bit():
+    flash = "reentrant-default-eager-(sdpa_flash.f16)-none-cuda"
+    first = _Run(flash, "mismatch", ["gradient input iteration 0: got 1, expected 2"])
+    assert fuzz._repeats(first, lambda: _Run(flash, "mismatch", ["gradient input iteration 0: got 1, expected 2"]))
+    assert not fuzz._repeats(first, lambda: _Run(flash, "mismatch", ["gradient input iteration 0: got 3, expected 2"]))
+    assert not fuzz._repeats(first, lambda: _Run(flash, "pass", []))
+
+
+def test_a_deterministic_case_is_not_run_again():
+    for case_id in ("reentrant-default-eager-(native_dropout)-none-cuda", "reentrant-default-eager-(rand)-none-cpu"):
+        run = _Run(case_id, "mismatch", ["x"])
+        assert fuzz._repeats(run, lambda: pytest.fail("ran again"))
