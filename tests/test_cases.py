@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from harness import corpus
 from harness.cases import (
     AXES,
     Capture,
@@ -44,12 +45,13 @@ def test_first_matrix_is_still_all_240_of_its_cases():
     assert len(list(generate(program=CLASSIC, device="cuda"))) == 180
 
 
-def test_default_matrix_is_the_first_matrix_plus_the_covering_programs_plus_the_pinned_cases():
+def test_default_matrix_is_the_first_matrix_plus_the_covering_programs_the_pinned_cases_and_the_corpus():
     for device, first in ((Device.CPU, 60), (Device.CUDA, 180)):
         ids = [c.id for c in generate(device=device)]
         pinned = {f"{p}-{device.value}" for p in PINNED} - {c.id for c in covering(device)}
-        assert len(ids) == first + len(covering(device)) + len(pinned)
-        assert pinned <= set(ids)
+        found = {c.id for c in corpus.cases(device.value)}
+        assert len(ids) == first + len(covering(device)) + len(pinned) + len(found)
+        assert pinned <= set(ids) and found <= set(ids)
 
 
 def test_cpu_cases_are_all_eager():
@@ -70,8 +72,12 @@ def test_no_generated_case_is_invalid():
 
 
 def test_every_case_id_is_shell_safe():
-    bad = [case.id for case in ALL_CASES if not ID_PATTERN.match(case.id)]
-    assert bad == []
+    """Named programs give shell-safe ids; a spec program's id (the corpus) also has parentheses,
+    '+', '@' and ':' (quoted in every command line the harness prints)."""
+    named = [case for case in ALL_CASES if case.nesting is not None]
+    assert named and [case.id for case in named if not ID_PATTERN.match(case.id)] == []
+    spec = re.compile(r"^[a-z0-9_.()+@:-]+$")
+    assert [case.id for case in ALL_CASES if not spec.match(case.id)] == []
 
 
 def test_every_case_id_round_trips():
