@@ -9,6 +9,7 @@ a case unsupported), 2 for bad input (one line on stderr, no traceback), 130 whe
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
@@ -274,15 +275,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     budget = 60.0 if args.examples is None and args.budget is None else args.budget
     if args.corpus and args.save:
         reporting.check_report_dir(Path(args.corpus).resolve().parent)
-    seed_value = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
+    seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
-    isolated = ", isolated" if (device == "cuda" if args.isolate is None else args.isolate) else ""
-    print(f"fuzz {target.name} on {device}: {amount}, seed {seed_value}{isolated}"
+    isolate = device == "cuda" if args.isolate is None else args.isolate  # a sticky CUDA error poisons
+    print(f"fuzz {target.name} on {device}: {amount}, seed {seed_value}{', isolated' if isolate else ''}"
           f"{', new failures only' if args.new_only else ''}", flush=True)
     captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
     if captures:
         check_selection([], [device], captures)
-    isolate = device == "cuda" if args.isolate is None else args.isolate
     worker = isolation.CaseWorker(isolation.DEFAULT_TIMEOUT_S) if isolate else None
     progress = FuzzProgress()
     try:

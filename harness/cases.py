@@ -163,17 +163,15 @@ def layout_stream(layout: Layout, index: int) -> str:
     return "ab"[index % 2]  # Layout.SHARED
 
 
-# The streams a layout's sites may draw from, and those its sites must draw from: all of them
-# (the mixed layout: both) or one of them (the shared layout: one of the pair).  The layout in a
-# case id says what the sites do, also for spec programs whose sites name their streams.
+# The streams a layout's sites may draw from.  The layout in a case id says what the sites do,
+# also for spec programs whose sites name their streams (`_stream_reason`).
 LAYOUT_STREAMS = {
-    Layout.DEFAULT: ("d", ""), Layout.UNTRACKED: ("d", ""), Layout.TRACKED: ("t", ""),
-    Layout.MIXED: ("dt", "dt"), Layout.SHARED: ("dtab", "ab"),
+    Layout.DEFAULT: "d", Layout.UNTRACKED: "d", Layout.TRACKED: "t", Layout.MIXED: "dt", Layout.SHARED: "dtab",
 }
 
 
 def _op_reason(c: Case) -> str | None:
-    for op, dtype in dict.fromkeys((site.op, site.dtype) for site in c.program.sites()):
+    for op, dtype in c.program.op_dtypes():
         reason = ops.invalid_reason(op, dtype, c.shape, c.device.value)
         if reason:
             return reason
@@ -195,15 +193,15 @@ def _kernel_reason(c: Case) -> str | None:
 
 
 def _stream_reason(c: Case) -> str | None:
-    allowed, needed = LAYOUT_STREAMS[c.layout]
+    allowed = LAYOUT_STREAMS[c.layout]
     streams = set(c.streams().values())
     odd = sorted(streams - set(allowed))
     if odd:
         return (f"the {c.layout.value} layout's sites draw from {' or '.join(allowed)}, but a site of the "
                 f"program draws from {odd[0]}: the case's layout must name what its sites do")
-    if c.layout is Layout.MIXED and not set(needed) <= streams:
+    if c.layout is Layout.MIXED and not {"d", "t"} <= streams:
         return "the mixed layout needs sites drawing from both d and t"
-    if c.layout is Layout.SHARED and not streams & set(needed):
+    if c.layout is Layout.SHARED and not streams & {"a", "b"}:
         return "the shared layout needs a site drawing from a or b"
     return None
 
@@ -275,7 +273,7 @@ def generate(matrix: str = "default", **filters: object) -> Iterator[Case]:
     if matrix not in MATRICES:
         raise CaseError(f"unknown matrix {matrix!r}; valid: {', '.join(MATRICES)}")
     names = filters.pop("program", None)
-    programs = set(parse_programs(names)) if names else None
+    programs = list(dict.fromkeys(parse_programs(names))) if names else None
     choices: dict[str, set[enum.Enum]] = {}  # the axes filtered on (a spec program may lack a factor)
     for axis in AXES:
         wanted = filters.pop(axis, None)
@@ -285,14 +283,14 @@ def generate(matrix: str = "default", **filters: object) -> Iterator[Case]:
         raise CaseError(f"unknown axis {sorted(filters)[0]!r}; axes are: {', '.join([*AXES, 'program'])}")
 
     def wanted(case: Case) -> bool:
-        return (all(getattr(case, axis) in values for axis, values in choices.items())
-                and (programs is None or case.program in programs))
+        return all(getattr(case, axis) in values for axis, values in choices.items())
 
     devices = [d for d in Device if d in choices.get("device", Device)]
-    source = _full if matrix == "full" else _default
-    if programs is not None:  # named programs: every valid cell of each, whatever the matrix
-        chosen = list(dict.fromkeys(parse_programs(names)))
-        return (case for device in devices for case in _cases(device, chosen) if wanted(case))
+    def source(device: Device) -> Iterator[Case]:
+        if programs is not None:  # named programs: every valid cell of each, whatever the matrix
+            return _cases(device, programs)
+        return _full(device) if matrix == "full" else _default(device)
+
     # filters are checked above, before the first case is asked for
     return (case for device in devices for case in source(device) if wanted(case))
 

@@ -65,7 +65,7 @@ def _site_choices(device: Device, shape: Shape) -> list[tuple[Op, list[Dtype]]]:
 def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, layout: Layout) -> str:
     """The body of a spec: items joined by '+', at least one of them a region."""
     choices = _site_choices(device, shape)
-    streams = [None, *LAYOUT_STREAMS[layout][0]]  # None (the layout decides) first
+    streams = [None, *LAYOUT_STREAMS[layout]]  # None (the layout decides) first
     passings = [p for p in Passing if not (p is Passing.CLOSURE and mode is Mode.REENTRANT)]
     left = [MAX_SITES]
 
@@ -252,16 +252,17 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         result.verdicts[verdict] = result.verdicts.get(verdict, 0) + 1
         if progress is not None:
             progress(result)
-        if verdict in failing and not _repeats(done, lambda: run_case(target, case, entries, worker=worker)):
+        if verdict not in failing:
+            return
+        if not _repeats(done, lambda: run_case(target, case, entries, worker=worker)):
             result.noisy += 1
             return  # run-to-run noise of a nondeterministic backward, not a checkpoint's doing
-        if verdict in failing:
-            if signature(done.record) in state["seen"]:
-                result.repeats += 1
-                return  # like a failure this run already found and shrank
-            if not state["failed"]:
-                state.update(failed=True, after=result.tried, since=time.perf_counter())
-            raise Found(done)
+        if signature(done.record) in state["seen"]:
+            result.repeats += 1
+            return  # like a failure this run already found and shrank
+        if not state["failed"]:
+            state.update(failed=True, after=result.tried, since=time.perf_counter())
+        raise Found(done)
 
     db = DirectoryBasedExampleDatabase(str(database / f"{target.name}-{device.value}")) if database else None
     batch = 0

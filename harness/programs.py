@@ -25,6 +25,7 @@ draws from is the case's layout, not the program's (`site_stream`).
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Iterator, Union
@@ -182,28 +183,50 @@ class Tree:
     def shape_dims(self) -> tuple[int, int]:
         return SHAPES[self.shape]
 
+    # What the case rules, the runner and the workload read of every case: computed once per
+    # program (subclasses are frozen dataclasses; cached_property fills their instance __dict__).
+    @functools.cached_property
+    def _regions(self) -> tuple[Region, ...]:
+        return tuple(item for item in self.items() if isinstance(item, Region))
+
+    @functools.cached_property
+    def _sites(self) -> tuple[Site, ...]:
+        return tuple(site for item in self.items() for site in (item.sites() if isinstance(item, Region) else [item]))
+
+    @functools.cached_property
+    def _all_regions(self) -> tuple[Region, ...]:
+        return tuple(inner for region in self._regions for inner in region.regions())
+
     def regions(self) -> tuple[Region, ...]:
         """The top-level regions (sites s0, s1, ... and regions r0, r1, ... depth first)."""
-        return tuple(item for item in self.items() if isinstance(item, Region))
+        return self._regions
 
     def sites(self) -> list[Site]:
         """Every site, checkpointed or not, in execution order."""
-        return [site for item in self.items() for site in (item.sites() if isinstance(item, Region) else [item])]
+        return list(self._sites)
 
     def checkpointed_sites(self) -> list[Site]:
         """The sites inside a checkpointed region."""
-        return [site for region in self.regions() for site in region.sites()]
+        return [site for region in self._regions for site in region.sites()]
 
     def all_regions(self) -> list[Region]:
-        return [inner for region in self.regions() for inner in region.regions()]
+        return list(self._all_regions)
 
-    def ops(self) -> set[Op]:
+    @functools.cached_property
+    def _op_dtypes(self) -> tuple[tuple[Op, Dtype], ...]:
+        return tuple(dict.fromkeys((site.op, site.dtype) for site in self._sites))
+
+    def ops(self) -> frozenset[Op]:
         """Every op a site of this program runs."""
-        return {site.op for site in self.sites()}
+        return frozenset(op for op, _ in self._op_dtypes)
 
-    def passings(self) -> set[Passing]:
+    def op_dtypes(self) -> tuple[tuple[Op, Dtype], ...]:
+        """Every (op, dtype) a site of this program runs, once each, in site order."""
+        return self._op_dtypes
+
+    def passings(self) -> frozenset[Passing]:
         """Every passing a region of this program is entered with."""
-        return {region.passing for region in self.all_regions()}
+        return frozenset(region.passing for region in self._all_regions)
 
     @property
     def spec(self) -> str:
@@ -245,6 +268,12 @@ class Program(Tree):
     def items(self) -> tuple[Item, ...]:
         """The top-level regions, sites numbered s0, s1, ... in execution order and regions r0,
         r1, ... depth first (outer before inner)."""
+        return self._tree
+
+    @functools.cached_property
+    def _tree(self) -> tuple[Item, ...]:
+        # Built once per program: the case rules read the tree of every case a matrix considers
+        # (a frozen dataclass still has an instance __dict__ for cached_property to fill).
         sites, regions = itertools.count(), itertools.count()
         kernel = self.passing is Passing.SDPA_KERNEL
         backend = self.op if kernel else None

@@ -101,7 +101,7 @@ def environment_skip(case: Case) -> str | None:
     attention backend this GPU or torch build does not offer for the program's input."""
     if case.device is Device.CUDA and not torch.cuda.is_available():
         return "no CUDA device is visible"
-    for op, dtype in dict.fromkeys((site.op, site.dtype) for site in case.program.sites()):
+    for op, dtype in case.program.op_dtypes():
         reason = ops.unrunnable(op, dtype, case.shape, case.device.value)
         if reason:
             return reason

@@ -58,11 +58,6 @@ def case_streams(case: Case) -> dict[str, str | None]:
     return {name: STREAM_NAMES[code] for name, code in case.streams().items()}
 
 
-def uses_shared(case: Case) -> bool:
-    """Whether a site of `case` draws from the shared pair (the tracker then has those streams)."""
-    return any(code in "ab" for code in case.streams().values())
-
-
 def plan(case: Case) -> tuple[Region, ...]:
     """The top-level regions of `case`'s program (sites s0, s1, ..., regions r0, r1, ...)."""
     return case.program.regions()
