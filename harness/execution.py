@@ -165,13 +165,14 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
         impl=target.name, must_support_all=_must_support(target.adapter, result.case),
         reason=result.reason,
     )
+    failure = entry if entry is not None and not entry.expects_pass else None  # a pass entry expects none
     record.update({
         "verdict": judgement.verdict,
         "verdict_note": judgement.note,
-        "expected_failure": entry.reason if entry else "",
-        "expected_issue": entry.issue if entry else "",
-        "expected_outcome": entry.outcome if entry else "",
-        "expected_oracles": list(entry.oracles) if entry else [],
+        "expected_failure": failure.reason if failure else "",
+        "expected_issue": failure.issue if failure else "",
+        "expected_outcome": failure.outcome if failure else "",
+        "expected_oracles": list(failure.oracles) if failure else [],
     })
     return record
 

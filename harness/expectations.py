@@ -9,7 +9,12 @@ exists, an upstream issue.  An entry names the failure it expects:
   several oracles, and which others join in varies from cell to cell, so an entry names the ones
   every matched cell shows: the signature of the bug);
 * ``message`` (optional, for the other outcomes): a regular expression that the error text
-  matches (``re.search``).
+  matches (``re.search``);
+* or ``outcome = "pass"``: the matched cases are expected to pass (an entry that keeps broader
+  entries below it from claiming cells where the bug cannot show, e.g. a region that draws
+  nothing).  Such a case that fails is a plain failure.
+
+``impl`` may be a list of names (one entry each) or an `fnmatch` pattern (``"neg-*"``).
 
 `judge` turns a result and its entry into a verdict: the expected failure is ``xfail``; a case that
 fails differently is ``fail`` ("wrong failure: expected mismatch (live-stream), got error: ...");
@@ -45,6 +50,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "cases" / "expectations.toml"
 FAILURE_OUTCOMES = ("mismatch", "error", "crash", "timeout")
+OUTCOMES = ("pass", *FAILURE_OUTCOMES)
 ORACLES = ("forward-mask", "recompute-mask", "gradient", "live-stream", "fresh-randomness", "output",
            "identity")
 ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracles", "message"}
@@ -85,6 +91,11 @@ class Expectation:
     oracles: tuple[str, ...] = ()  # for mismatch: each of these fails (empty: any mismatch)
     message: str = ""  # for error / crash / timeout: a regex the error text matches
 
+    @property
+    def expects_pass(self) -> bool:
+        """True for an entry that says its cases pass (``outcome = "pass"``)."""
+        return self.outcome == "pass"
+
     def expected(self) -> str:
         """'mismatch (recompute-mask, gradient)' or "error matching 'TypeError'": what it expects."""
         if self.oracles:
@@ -103,7 +114,7 @@ class Expectation:
 
     def matches(self, impl: str, case_id: str) -> bool:
         """Impl and case-id pattern only (the version is `applies_to`'s business)."""
-        return impl == self.impl and any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns)
+        return fnmatch.fnmatchcase(impl, self.impl) and any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns)
 
     def applies_to(self, version: "str | None") -> bool:
         """True for an entry without a range, else when `version` is known and in the range."""
@@ -139,8 +150,8 @@ def _entry(raw: Mapping[str, Any], where: str) -> Expectation:
     except ExpectationError as exc:
         raise ExpectationError(f"{where}: {exc}") from None
     outcome = raw.get("outcome", "mismatch")
-    if outcome not in FAILURE_OUTCOMES:
-        raise ExpectationError(f"{where} outcome {outcome!r} is not one of {', '.join(FAILURE_OUTCOMES)}")
+    if outcome not in OUTCOMES:
+        raise ExpectationError(f"{where} outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
     oracles = _string_list(raw["oracles"], "oracles", where) if "oracles" in raw else ()
     bad = [o for o in oracles if o not in ORACLES]
     if bad:
@@ -150,7 +161,7 @@ def _entry(raw: Mapping[str, Any], where: str) -> Expectation:
     message = raw.get("message", "")
     if not isinstance(message, str):
         raise ExpectationError(f"{where} message must be a string (a regular expression)")
-    if message and outcome == "mismatch":
+    if message and outcome in ("mismatch", "pass"):
         raise ExpectationError(f"{where} has a message, which a mismatch has not (use oracles)")
     try:
         re.compile(message)
@@ -173,7 +184,19 @@ def load(path: "str | Path | None" = None) -> list[Expectation]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ExpectationError(f"cannot read expectations file {path}: {exc}") from None
-    return [_entry(raw, f"{path}: entry {n}") for n, raw in enumerate(data.get("expect", []), start=1)]
+    return [entry for n, raw in enumerate(data.get("expect", []), start=1)
+            for entry in _entries(raw, f"{path}: entry {n}")]
+
+
+def _entries(raw: Any, where: str) -> list[Expectation]:
+    """One [[expect]] table -> its entries: one per impl where ``impl`` is a list of names."""
+    if not isinstance(raw, Mapping):
+        raise ExpectationError(f"{where} is not a table")
+    impl = raw.get("impl")
+    if isinstance(impl, list):
+        names = _string_list(impl, "impl", where)
+        return [_entry({**raw, "impl": name}, where) for name in names]
+    return [_entry(raw, where)]
 
 
 def find(
@@ -193,7 +216,7 @@ def find(
 def unmatched(entries: Iterable[Expectation], case_ids: Iterable[str]) -> list[Expectation]:
     """Entries that match none of `case_ids` for their impl (dead entries to warn about)."""
     ids = list(case_ids)
-    return [e for e in entries if not any(e.matches(e.impl, cid) for cid in ids)]
+    return [e for e in entries if not any(any(fnmatch.fnmatchcase(cid, p) for p in e.patterns) for cid in ids)]
 
 
 def entry_problems(entries: Iterable[Expectation], known_impls: Iterable[str] | None = None,
@@ -208,7 +231,7 @@ def entry_problems(entries: Iterable[Expectation], known_impls: Iterable[str] | 
     ids = [c.id for c in generate()] if case_ids is None else list(case_ids)
     entries = list(entries)
     lines = [f"impl matches no known implementation: {e.describe()}"
-             for e in entries if e.impl not in known and ":" not in e.impl]
+             for e in entries if ":" not in e.impl and not any(fnmatch.fnmatchcase(k, e.impl) for k in known)]
     lines += [f"cases match no case: {e.describe()}" for e in unmatched(entries, ids)]
     return lines
 
@@ -238,6 +261,9 @@ def judge(outcome: str, oracles: Iterable[str], error: str, entry: Expectation |
         return Judgement("skip")
     if entry is None:
         return Judgement("pass" if outcome == "pass" else "fail")
+    if entry.expects_pass:
+        return Judgement("pass") if outcome == "pass" else Judgement(
+            "fail", f"expected to pass ({entry.reason.split(chr(10))[0][:120]}), got {outcome}")
     if outcome == "pass":
         return Judgement("stale", f"stale: expected {entry.expected()}, but the case passed")
     if entry.explains(outcome, fired, error):

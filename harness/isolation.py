@@ -85,13 +85,30 @@ def serve(stderr_path: str) -> None:
     for line in sys.stdin:
         request = json.loads(line)
         name = request["impl"]
-        adapter = adapters[name] if name in adapters else adapters.setdefault(name, load(name))
+        if name not in adapters:
+            adapters[name] = load(name)
+            _load_code_under_test(adapters[name])
+        adapter = adapters[name]
         protocol.write(json.dumps({"started": True}) + "\n")  # the case's clock starts here
         result = run(parse_case_id(request["case"]), adapter, request["iterations"], name=name).to_dict()
         sticky = _sticky_cuda_error() if result["outcome"] != "pass" else None
         protocol.write(json.dumps({"result": result, "sticky": sticky}) + "\n")
         if sticky:
             return  # the CUDA context is unusable: the supervisor starts a fresh worker
+
+
+def _load_code_under_test(adapter: Any) -> None:
+    """Import the impl's package now, as the supervising process did (its `unavailable()`), before
+    any case touches CUDA libraries: which process loads a shared library first decides which copy
+    the process keeps (seen on the H200: a worker whose first case probed cuDNN attention could no
+    longer import TransformerEngine, 'libcudnn_heuristic.so.9: undefined symbol', while the first
+    worker, which imported it first, ran every case).  A failure is the adapter's to report."""
+    unavailable = getattr(adapter, "unavailable", None)
+    if callable(unavailable):
+        try:
+            unavailable()
+        except Exception:  # reported by the case itself (supports / checkpoint), not here
+            pass
 
 
 def _describe_exit(code: int | None) -> str:

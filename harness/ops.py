@@ -90,6 +90,14 @@ def _nodraw(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return h, h
 
 
+def _dropout_p0(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # A model built with dropout 0.0 still calls F.dropout; at p = 0 torch returns the input and
+    # draws nothing, so a checkpoint must neither need nor move any stream (TransformerEngine's
+    # checkpoint under capture is tested with p = 0 beside p > 0 upstream).
+    out = F.dropout(h, 0.0, training=True)
+    return out, out
+
+
 BACKENDS = {
     Op.SDPA_MATH: "MATH", Op.SDPA_EFFICIENT: "EFFICIENT_ATTENTION",
     Op.SDPA_FLASH: "FLASH_ATTENTION", Op.SDPA_CUDNN: "CUDNN_ATTENTION",
@@ -153,6 +161,7 @@ REGISTRY: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.RANDPERM, _randperm, "the permutation torch.randperm drew"),
     *(_attention_spec(op) for op in SDPA_OPS),
     OpSpec(Op.NODRAW, _nodraw, "the activation (nothing is drawn)", draws=False),
+    OpSpec(Op.DROPOUT_P0, _dropout_p0, "F.dropout(p=0)'s output (nothing is drawn)", draws=False),
 )}
 
 

@@ -51,6 +51,7 @@ class Op(enum.Enum):
     SDPA_FLASH = "sdpa_flash"
     SDPA_CUDNN = "sdpa_cudnn"
     NODRAW = "nodraw"
+    DROPOUT_P0 = "dropout_p0"
 
 
 class Dtype(enum.Enum):
@@ -261,8 +262,8 @@ class Program(Tree):
         return {name: getattr(self, name) for name in FACTORS}
 
     def site_op(self, index: int) -> Op:
-        if self.op is Op.NODRAW:  # a site that draws nothing beside one that does
-            return Op.NODRAW if index % 2 == 0 else Op.NATIVE_DROPOUT
+        if self.op in (Op.NODRAW, Op.DROPOUT_P0):  # a site that draws nothing beside one that does
+            return self.op if index % 2 == 0 else Op.NATIVE_DROPOUT
         return self.op
 
     def items(self) -> tuple[Item, ...]:

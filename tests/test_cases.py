@@ -19,7 +19,7 @@ from harness.cases import (
     Nesting,
     filters_from_mapping,
     generate,
-    PINNED,
+    PINNED, PINNED_CUDA,
     covering,
     invalid_reason,
     parse_case_id,
@@ -48,7 +48,8 @@ def test_first_matrix_is_still_all_240_of_its_cases():
 def test_default_matrix_is_the_first_matrix_plus_the_covering_programs_the_pinned_cases_and_the_corpus():
     for device, first in ((Device.CPU, 60), (Device.CUDA, 180)):
         ids = [c.id for c in generate(device=device)]
-        pinned = {f"{p}-{device.value}" for p in PINNED} - {c.id for c in covering(device)}
+        pins = PINNED + (PINNED_CUDA if device is Device.CUDA else ())
+        pinned = {f"{p}-{device.value}" for p in pins} - {c.id for c in covering(device)}
         found = {c.id for c in corpus.cases(device.value)}
         assert len(ids) == first + len(covering(device)) + len(pinned) + len(found)
         assert pinned <= set(ids) and found <= set(ids)

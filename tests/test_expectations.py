@@ -111,3 +111,48 @@ def test_malformed_entries_are_one_line_errors(tmp_path, body, message):
 def test_a_missing_file_is_an_error(tmp_path):
     with pytest.raises(expectations.ExpectationError, match="does not exist"):
         expectations.load(tmp_path / "missing.toml")
+
+
+def test_an_entry_may_name_several_impls(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\nimpl = ["torch", "bundled"]\ncases = ["*-tracked-*"]\nreason = "r"\n')
+    entries = expectations.load(path)
+    assert [e.impl for e in entries] == ["torch", "bundled"]
+    assert expectations.find(entries, "bundled", "reentrant-tracked-eager-flat-none-cpu") is entries[1]
+    assert expectations.entry_problems(entries) == []
+
+
+def test_a_pass_entry_shadows_broader_entries_and_expects_a_pass(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\nimpl = "torch"\ncases = ["*-(dropout_p0)-*"]\noutcome = "pass"\nreason = "draws nothing"\n'
+                    '[[expect]]\nimpl = "torch"\ncases = ["*-tracked-*"]\nreason = "tracker"\n')
+    entries = expectations.load(path)
+    entry = expectations.find(entries, "torch", "nonreentrant-tracked-eager-(dropout_p0)-none-cpu")
+    assert entry is entries[0] and entry.expects_pass
+    assert judge("pass", [], "", entry, impl="torch") == expectations.Judgement("pass")
+    failed = judge("mismatch", ["live-stream"], "", entry, impl="torch")
+    assert failed.verdict == "fail" and failed.note == "expected to pass (draws nothing), got mismatch"
+    # The broader entry still claims the cells the pass entry does not name.
+    assert expectations.find(entries, "torch", "nonreentrant-tracked-eager-flat-none-cpu") is entries[1]
+
+
+def test_a_pass_entry_takes_neither_oracles_nor_a_message(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\noutcome = "pass"\nmessage = "x"\n')
+    with pytest.raises(expectations.ExpectationError, match="has a message"):
+        expectations.load(path)
+    path.write_text('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\noutcome = "pass"\noracles = ["gradient"]\n')
+    with pytest.raises(expectations.ExpectationError, match="names oracles"):
+        expectations.load(path)
+
+
+def test_a_record_under_a_pass_entry_expects_no_failure():
+    from harness import impls, runner
+    from harness.cases import parse_case_id
+    from harness.execution import Target, judged_record
+
+    case = parse_case_id("nonreentrant-tracked-eager-(dropout_p0)-none-cpu")
+    record = judged_record(runner.run(case, impls.load("torch")), Target("torch", impls.load("torch")),
+                           expectations.load())
+    assert (record["outcome"], record["verdict"]) == ("pass", "pass")
+    assert record["expected_failure"] == "" and record["expected_outcome"] == ""

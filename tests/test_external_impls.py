@@ -12,10 +12,15 @@ through them:
 * the shared layout is `unsupported`: neither tracker has aliases, so the harness would only test
   its own alias bookkeeping;
 * the stand-in with correct value semantics passes every case it runs: streams, the reference
-  reseed and the checkpoint all go through the adapter as in a real run;
+  reseed and the checkpoint all go through the adapter as in a real run; Megatron's in both modes,
+  non-reentrant through CheckpointWithoutOutput (output discarded, recomputed from the grad hook
+  of the op after the region, which reads the refilled output back in its backward);
 * the graph-safe Megatron stand-in keeps live Generator objects (as the real one does) and is
-  caught in the tracked layouts; TransformerEngine's stand-in with the tracker ignored is caught
-  there too, so the tracker really reaches the checkpoint;
+  caught in the tracked layouts in both modes; TransformerEngine's stand-in with the tracker
+  ignored is caught there too, so the tracker really reaches the checkpoint;
+* broken CheckpointWithoutOutput builds are caught: a recompute from fresh RNG (recompute-mask,
+  gradient), a discard that hooks no recompute (an error naming it), Megatron's warm-up flag left
+  set (recompute-mask alone: nothing recomputed); the passings it cannot take fail as declared;
 * Megatron's global tracker is rebuilt per run with the adapter's flag, never left over from a
   previous case.
 
@@ -37,6 +42,7 @@ import torch
 
 from harness import impls, runner
 from harness.cases import Layout, Mode, generate, parse_case_id
+from harness.compare import int_view
 from harness.impls import megatron as megatron_mod
 from harness.impls import transformer_engine as te_mod
 from harness.impls.megatron import LazyModule, MegatronAdapter, TrackerView
@@ -54,10 +60,23 @@ NO_ALIASES = "has no aliases: the shared layout would test only the harness's ow
 MEGATRON_RANDOM = '''
 """CPU stand-in for megatron.core.tensor_parallel.random (megatron-core 0.19 names and signatures).
 
-The tracker, the global-tracker functions and CheckpointFunction follow the real code line for
-line, with the CPU generator in place of the current CUDA device's.  In graph-safe mode the states
-are Generator objects that forks advance in place (the real ones are CUDA generators swapped in
-with graphsafe_set_state), so get_states() hands out live objects, as the real one does.
+The tracker, the global-tracker functions, CheckpointFunction and CheckpointWithoutOutput follow
+the real code line for line, with the CPU generator in place of the current CUDA device's.  In
+graph-safe mode the states are Generator objects that forks advance in place (the real ones are
+CUDA generators swapped in with graphsafe_set_state), so get_states() hands out live objects, as
+the real one does; the default generator's graph-safe "state" is a live handle too
+(graphsafe_get_state() aliases the generator's state), which on the CPU is the generator itself.
+The CPU generator also plays the real code's CPU slot, which is saved by value, so here the
+default stream is rewound in graph-safe mode too (on CUDA it is not).
+
+CheckpointWithoutOutput refills the discarded output as megatron-core 0.16 does (resize the
+storage, copy the recomputed bytes in); 0.19 re-points the storage at the recomputed data with a
+JIT-built C++ extension instead, which a test has no business compiling.
+
+Deliberately broken builds, for the tests (the real code is the default):
+RECOMPUTE_FROM_FORWARD_RNG = False makes _recompute draw from the RNG as it is at backward;
+REGISTER_RECOMPUTE_HOOK = False makes discard_output_and_register_recompute free the outputs but
+hook nothing.  megatron.core.transformer.cuda_graphs._IS_GRAPH_WARMUP is Megatron's own flag.
 """
 
 import contextlib
@@ -66,6 +85,9 @@ import torch
 from torch.utils.checkpoint import detach_variable
 
 CALLS = []  # (function, details) for every call the tests care about
+HAVE_TE = False  # FP8GlobalStateManager, activation_recompute_forward, fp8_autocast: undefined
+RECOMPUTE_FROM_FORWARD_RNG = True
+REGISTER_RECOMPUTE_HOOK = True
 
 _MODEL_PARALLEL_RNG_TRACKER_NAME = "model-parallel-rng"
 _CUDA_RNG_STATE_TRACKER = None
@@ -148,12 +170,36 @@ def get_cuda_rng_tracker(use_te_rng_tracker=False, inference_rng_tracker=False,
     return _CUDA_RNG_STATE_TRACKER
 
 
+def _get_cuda_rng_state(graph_safe=False):
+    if not graph_safe:
+        return torch.get_rng_state()
+    return torch.default_generator  # graphsafe_get_state(): a live handle, no snapshot
+
+
+def _set_cuda_rng_state(new_state, graph_safe=False):
+    if graph_safe:
+        # graphsafe_set_state(handle) swaps in the handle's state object; a handle of the
+        # generator's own state (all the stand-in keeps) leaves it where it is, as on CUDA
+        return
+    torch.set_rng_state(new_state)
+
+
+def is_graph_safe_cuda_rng_tracker(cuda_rng_tracker):
+    return bool(getattr(cuda_rng_tracker, "use_cudagraphable_rng", False))
+
+
 def _get_all_rng_states():
-    return torch.get_rng_state(), get_cuda_rng_tracker().get_states()
+    cpu_rng_state = torch.get_rng_state()
+    cuda_rng_state = _get_cuda_rng_state(
+        graph_safe=is_graph_safe_cuda_rng_tracker(get_cuda_rng_tracker()))
+    cuda_rng_state_tracker = get_cuda_rng_tracker().get_states()
+    return cpu_rng_state, cuda_rng_state, cuda_rng_state_tracker
 
 
-def _set_all_rng_states(cpu_rng_state, cuda_rng_state_tracker):
+def _set_all_rng_states(cpu_rng_state, cuda_rng_state, cuda_rng_state_tracker):
     torch.set_rng_state(cpu_rng_state)
+    _set_cuda_rng_state(
+        cuda_rng_state, graph_safe=is_graph_safe_cuda_rng_tracker(get_cuda_rng_tracker()))
     get_cuda_rng_tracker().set_states(cuda_rng_state_tracker)
 
 
@@ -208,11 +254,163 @@ class CheckpointFunction(torch.autograd.Function):
 
 
 def checkpoint(function, distribute_saved_activations, *args):
+    from megatron.core.transformer.cuda_graphs import is_graph_capturing, is_graph_warmup
+
     tracker = get_cuda_rng_tracker()
     CALLS.append(("checkpoint", dict(
         distribute_saved_activations=distribute_saved_activations, tracker=tracker,
         graphsafe=tracker.use_cudagraphable_rng, names=list(tracker.get_states()))))
+    if is_graph_warmup() or is_graph_capturing():
+        return function(*args)
     return CheckpointFunction.apply(function, distribute_saved_activations, *args)
+
+
+class CheckpointWithoutOutputFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run_function, checkpoint_without_output_obj, *args):
+        if checkpoint_without_output_obj.fp8:
+            fp8 = FP8GlobalStateManager.is_fp8_enabled()  # NameError without TE, as in the real one
+            ctx.fp8 = fp8
+            ctx.fp8_recipe = FP8GlobalStateManager.get_fp8_recipe() if fp8 else None
+            fwd_ctx = activation_recompute_forward(activation_recompute=True, recompute_phase=False)
+        else:
+            ctx.fp8 = False
+            ctx.fp8_recipe = None
+            fwd_ctx = contextlib.nullcontext()
+
+        with torch.no_grad(), fwd_ctx:
+            outputs = run_function(*args)
+        ctx.save_for_backward(*detach_variable(args))
+        checkpoint_without_output_obj.ctx = ctx
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *args):
+        inputs = ctx.inputs
+        outputs = ctx.outputs
+        torch.autograd.backward(outputs, args)
+        ctx.outputs = None
+        ctx.inputs = None
+        grads = tuple(inp.grad if isinstance(inp, torch.Tensor) else inp for inp in inputs)
+        return (None, None) + grads
+
+
+class CheckpointWithoutOutput(object):
+    def __init__(self, fp8=False):
+        self.fp8 = fp8 is not None
+        self.run_function = None
+        self.fwd_cpu_rng_state = None
+        self.fwd_cuda_rng_state = None
+        self.fwd_cuda_rng_state_tracker = None
+        self.ctx = None
+        self.outputs = None
+
+    def checkpoint(self, run_function, *args):
+        from megatron.core.transformer.cuda_graphs import is_graph_warmup
+
+        if is_graph_warmup():
+            return run_function(*args)
+
+        self.run_function = run_function
+
+        self.rng_states = _get_all_rng_states()
+        tracker = get_cuda_rng_tracker()
+        CALLS.append(("CheckpointWithoutOutput.checkpoint", dict(
+            fp8=self.fp8, tracker=tracker, graphsafe=tracker.use_cudagraphable_rng,
+            names=list(tracker.get_states()))))
+
+        outputs = CheckpointWithoutOutputFunction.apply(run_function, self, *args)
+        self.outputs = outputs
+        if isinstance(self.outputs, torch.Tensor):
+            self.outputs = (self.outputs,)
+        return outputs
+
+    def _recompute(self, _):
+        from megatron.core.transformer.cuda_graphs import is_graph_capturing, is_graph_warmup
+
+        if self.ctx is None or is_graph_warmup():
+            return
+
+        if not torch.autograd._is_checkpoint_valid() and not is_graph_capturing():
+            raise RuntimeError(
+                "Checkpointing is not compatible with .grad(), "
+                "please use .backward() if possible"
+            )
+        CALLS.append(("CheckpointWithoutOutput._recompute", dict(
+            discarded=[o.untyped_storage().nbytes() == 0 for o in self.outputs])))
+
+        with _fork_rng():
+            if RECOMPUTE_FROM_FORWARD_RNG:
+                _set_all_rng_states(*self.rng_states)
+
+            if self.fp8:
+                recompute_ctx = activation_recompute_forward(
+                    activation_recompute=True, recompute_phase=True
+                )
+                fp8_ctx = fp8_autocast(enabled=self.ctx.fp8, fp8_recipe=self.ctx.fp8_recipe)
+            else:
+                recompute_ctx = contextlib.nullcontext()
+                fp8_ctx = contextlib.nullcontext()
+
+            inputs = self.ctx.saved_tensors
+
+            def detach(t):
+                if isinstance(t, torch.Tensor):
+                    requires_grad = t.requires_grad
+                    t = t.detach()
+                    t.requires_grad_(requires_grad)
+                return t
+
+            inputs = tuple(detach(t) for t in inputs)
+            with torch.enable_grad(), fp8_ctx, recompute_ctx:
+                outputs = self.run_function(*inputs)
+
+        self.run_function = None
+        self.rng_states = None
+
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+
+        # megatron-core 0.16: refill the discarded storage with a copy (0.19: share_storage)
+        with torch.no_grad():
+            for output, recomputation_output in zip(self.outputs, outputs):
+                output_size = recomputation_output.untyped_storage().size()
+                output.untyped_storage().resize_(output_size)
+                output.untyped_storage().copy_(recomputation_output.untyped_storage())
+
+        self.ctx.outputs = outputs
+        self.ctx.inputs = inputs
+        self.outputs = None
+        self.ctx = None
+
+    def discard_output_and_register_recompute(self, hook_tensor):
+        from megatron.core.transformer.cuda_graphs import is_graph_warmup
+
+        CALLS.append(("CheckpointWithoutOutput.discard_output_and_register_recompute", dict(
+            hook_tensor=hook_tensor, requires_grad=hook_tensor.requires_grad)))
+        if is_graph_warmup():
+            return
+
+        for output in self.outputs:
+            output.untyped_storage().resize_(0)
+
+        if hook_tensor.requires_grad and REGISTER_RECOMPUTE_HOOK:
+            hook_tensor.register_hook(self._recompute)
+'''
+
+CUDA_GRAPHS = '''
+"""CPU stand-in for megatron.core.transformer.cuda_graphs: Megatron's own capture flags."""
+
+_IS_GRAPH_CAPTURING = False
+_IS_GRAPH_WARMUP = False
+
+
+def is_graph_capturing():
+    return _IS_GRAPH_CAPTURING
+
+
+def is_graph_warmup():
+    return _IS_GRAPH_WARMUP
 '''
 
 TE_DISTRIBUTED = '''
@@ -355,8 +553,11 @@ STANDINS = {
         "megatron/__init__.py": "",
         "megatron/core/__init__.py": "from . import package_info\nfrom .package_info import __version__\n",
         "megatron/core/package_info.py": '__version__ = "0.18.1"\n',
-        "megatron/core/tensor_parallel/__init__.py": "from .random import checkpoint, get_cuda_rng_tracker\n",
+        "megatron/core/tensor_parallel/__init__.py": (
+            "from .random import CheckpointWithoutOutput, checkpoint, get_cuda_rng_tracker\n"),
         "megatron/core/tensor_parallel/random.py": MEGATRON_RANDOM,
+        "megatron/core/transformer/__init__.py": "",
+        "megatron/core/transformer/cuda_graphs.py": CUDA_GRAPHS,
     },
     "transformer_engine": {
         "transformer_engine/__init__.py": '__version__ = "2.9.0.dev0+standin"\n',
@@ -431,6 +632,11 @@ def _on_cpu(adapter):
     return adapter
 
 
+def _program_case(mode, passing, device="cuda", op="native_dropout"):
+    """A flat, untracked case whose one region takes its input by (or is entered under) `passing`."""
+    return parse_case_id(f"{mode}-untracked-eager-{op}.f32.small.{passing}.flat-none-{device}")
+
+
 # --- loading without the packages ------------------------------------------------------------------
 
 
@@ -495,7 +701,16 @@ def test_megatron_version_and_supports_reasons(megatron, monkeypatch):
         assert adapter.supports(parse_case_id("reentrant-shared-single-nested-draws-cuda")) == (
             f"Megatron-core's CudaRNGStatesTracker {NO_ALIASES}, not the package")
         assert "CUDA-only" in adapter.supports(parse_case_id("reentrant-tracked-eager-flat-none-cpu"))
-        assert "reentrant only" in adapter.supports(parse_case_id("nonreentrant-tracked-eager-flat-none-cuda"))
+        assert adapter.supports(parse_case_id("nonreentrant-tracked-single-nested-draws-cuda")) is None
+        for mode in ("reentrant", "nonreentrant"):
+            assert "pass no keyword arguments" in adapter.supports(_program_case(mode, "keyword"))
+        for passing, how in [("closure", "the region closes over"), ("list", "inside a list"),
+                             ("dict", "inside a dict")]:
+            reason = adapter.supports(_program_case("nonreentrant", passing))
+            assert reason.startswith("CheckpointWithoutOutputFunction is an autograd.Function") and how in reason
+        for passing, op in [("autocast", "native_dropout"), ("sdpa_kernel", "sdpa_math")]:
+            # run: a recompute that does not re-enter the region's context is a finding, not a limit
+            assert adapter.supports(_program_case("nonreentrant", passing, op=op)) is None
     monkeypatch.setattr(megatron_mod, "graphsafe_apis_missing", lambda: ["Generator.clone_state"])
     assert plain.unavailable() is None and plain.supports(CUDA_CASE) is None
     assert graphsafe.unavailable() == "the graph-safe tracker needs torch APIs this build lacks: Generator.clone_state"
@@ -550,28 +765,85 @@ def test_megatron_checkpoint_refuses_a_global_tracker_replaced_behind_its_back(m
         adapter.checkpoint(lambda h: h * 2, x, reentrant=True, tracker=tracker)
 
 
-def test_megatron_plain_tracker_passes_every_reentrant_cpu_case(megatron):
+def test_megatron_plain_tracker_passes_every_cpu_case_in_both_modes(megatron):
     adapter = _on_cpu(impls.load("megatron"))
-    outcomes = {}
+    passed = []
     for case in CPU_CASES:
         result = runner.run(case, adapter)
-        outcomes[case.id] = result.outcome
         if case.layout is Layout.SHARED:
             assert result.outcome is Outcome.UNSUPPORTED and NO_ALIASES in result.reason
-        elif case.mode is Mode.NONREENTRANT:
-            assert result.outcome is Outcome.UNSUPPORTED and "reentrant only" in result.reason
-        else:
-            assert result.outcome is Outcome.PASS, f"{case.id}: {result.summary()}"
-            assert result.impl_version == "0.18.1"
-    runnable = [c for c in CPU_CASES if c.mode is Mode.REENTRANT and c.layout is not Layout.SHARED]
-    assert runnable and sum(o is Outcome.PASS for o in outcomes.values()) == len(runnable)
+            continue
+        assert result.outcome is Outcome.PASS, f"{case.id}: {result.summary()}"
+        assert result.impl_version == "0.18.1"
+        passed.append(case.mode)
+    assert passed.count(Mode.REENTRANT) == passed.count(Mode.NONREENTRANT) == 24
+
+
+def _without_output_calls(megatron, what):
+    return [kw for fn, kw in megatron.CALLS if fn == f"CheckpointWithoutOutput.{what}"]
+
+
+def test_megatron_nonreentrant_runs_checkpoint_without_output_recomputing_from_the_hook(megatron):
+    """Every region goes through CheckpointWithoutOutput without FP8 and no other checkpoint; each
+    forward's outputs are discarded and refilled by exactly one recompute, from the grad hook."""
+    adapter = _on_cpu(impls.load("megatron"))
+    result = runner.run(parse_case_id("nonreentrant-tracked-eager-siblings-draws-cpu"), adapter)
+    assert result.outcome is Outcome.PASS, result.summary()
+    regions = 2 * runner.ITERATIONS  # two sibling regions per iteration; the reference checkpoints none
+    checkpoints = _without_output_calls(megatron, "checkpoint")
+    assert len(checkpoints) == regions and not [fn for fn, _ in megatron.CALLS if fn == "checkpoint"]
+    assert all(kw["fp8"] is False and kw["names"] == ["model-parallel"] for kw in checkpoints)
+    discards = _without_output_calls(megatron, "discard_output_and_register_recompute")
+    assert len(discards) == regions and all(kw["requires_grad"] for kw in discards)
+    recomputes = _without_output_calls(megatron, "_recompute")
+    assert len(recomputes) == regions and all(kw["discarded"] == [True] for kw in recomputes)
+
+
+def test_megatron_nonreentrant_nested_regions_recompute_once_per_forward_call(megatron):
+    """Nested: the inner region runs in the outer forward (no grad: no hook) and again in the
+    outer's recompute, whose hook recomputes it; so three checkpoints and two recomputes."""
+    adapter = _on_cpu(impls.load("megatron"))
+    result = runner.run(parse_case_id("nonreentrant-mixed-eager-nested-none-cpu"), adapter)
+    assert result.outcome is Outcome.PASS, result.summary()
+    discards = _without_output_calls(megatron, "discard_output_and_register_recompute")
+    assert [kw["requires_grad"] for kw in discards] == [False, True, True] * runner.ITERATIONS
+    assert len(_without_output_calls(megatron, "_recompute")) == 2 * runner.ITERATIONS
+
+
+def test_megatron_checkpoint_without_output_needs_fp8_none_without_transformer_engine(megatron):
+    """``fp8=False`` (the default) switches FP8 on (``self.fp8 = fp8 is not None``), which needs TE."""
+    assert megatron.CheckpointWithoutOutput().fp8 is True
+    assert megatron.CheckpointWithoutOutput(fp8=None).fp8 is False
+    adapter = MegatronAdapter()
+    tracker = adapter.make_tracker(torch.device("cpu"))
+    x = torch.ones(4, requires_grad=True)
+    with pytest.raises(NameError, match="FP8GlobalStateManager"):
+        megatron.CheckpointWithoutOutput().checkpoint(lambda h: h * 2, x)
+    out = adapter.checkpoint(lambda h: h * 2, x, reentrant=False, tracker=tracker)
+    out.sum().backward()
+    assert torch.equal(out, torch.full((4,), 2.0)) and torch.equal(x.grad, torch.full((4,), 2.0))
+
+
+@pytest.mark.parametrize("passing", ["closure", "list", "dict"])
+def test_megatron_declared_passings_fail_as_their_reason_says_when_run_anyway(megatron, monkeypatch, passing):
+    """The reason is the real code's: the region's output does not require grad, no recompute hook
+    is registered, and (in a flat program, where nothing after the region needs grad) backward
+    has nothing to differentiate."""
+    adapter = _on_cpu(impls.load("megatron"))
+    monkeypatch.setattr(adapter, "supports", lambda case: None)
+    result = runner.run(_program_case("nonreentrant", passing, device="cpu"), adapter)
+    assert result.outcome is Outcome.ERROR
+    assert "element 0 of tensors does not require grad" in result.error
+    discards = _without_output_calls(megatron, "discard_output_and_register_recompute")
+    assert discards and not any(kw["requires_grad"] for kw in discards)
+    assert not _without_output_calls(megatron, "_recompute")
 
 
 def test_megatron_graphsafe_tracker_is_caught_where_sites_draw_from_tracker_streams(megatron):
-    """The stand-in's graph-safe states are live objects, so its checkpoint restores nothing."""
+    """The stand-in's graph-safe states are live objects, so both checkpoints restore nothing."""
     adapter = _on_cpu(impls.load("megatron-graphsafe"))
     for case in CPU_CASES:
-        if case.mode is Mode.NONREENTRANT or case.layout is Layout.SHARED:
+        if case.layout is Layout.SHARED:
             continue
         result = runner.run(case, adapter)
         if case.layout in TRACKED_LAYOUTS:
@@ -580,6 +852,56 @@ def test_megatron_graphsafe_tracker_is_caught_where_sites_draw_from_tracker_stre
             assert {"recompute-mask", "gradient", "live-stream"} <= oracles, (case.id, oracles)
         else:  # the stand-in's default (CPU) stream is saved by value, unlike the CUDA one
             assert result.outcome is Outcome.PASS, f"{case.id}: {result.summary()}"
+
+
+def test_megatron_recompute_with_fresh_rng_is_caught_by_recompute_mask_and_gradient(megatron):
+    megatron.RECOMPUTE_FROM_FORWARD_RNG = False  # _recompute skips _set_all_rng_states
+    adapter = _on_cpu(impls.load("megatron"))
+    for case_id in ("nonreentrant-default-eager-flat-none-cpu", "nonreentrant-tracked-eager-nested-draws-cpu"):
+        result = runner.run(parse_case_id(case_id), adapter)
+        oracles = {m.oracle for m in result.mismatches}
+        assert result.outcome is Outcome.MISMATCH and {"recompute-mask", "gradient"} <= oracles, case_id
+        assert "live-stream" not in oracles  # _fork_rng still puts every stream back afterwards
+        # the op after the region read back an output other than the forward's: NaN where it differs
+        assert any(m.oracle == "gradient" and m.got.startswith("nan") for m in result.mismatches)
+
+
+def test_megatron_discard_without_a_recompute_hook_is_an_error_naming_it(megatron):
+    megatron.REGISTER_RECOMPUTE_HOOK = False  # the outputs are freed, nothing refills them
+    adapter = _on_cpu(impls.load("megatron"))
+    result = runner.run(parse_case_id("nonreentrant-default-eager-flat-none-cpu"), adapter)
+    assert result.outcome is Outcome.ERROR
+    assert "the region's output is still discarded" in result.error and "no recompute ran" in result.error
+
+
+def test_megatron_graph_warmup_flag_left_set_skips_checkpointing_caught_by_recompute_mask_alone(megatron):
+    """Under Megatron's own warm-up flag both checkpoints run the region plainly: nothing is
+    recomputed, and everything else is right."""
+    cuda_graphs = importlib.import_module("megatron.core.transformer.cuda_graphs")
+    cuda_graphs._IS_GRAPH_WARMUP = True
+    adapter = _on_cpu(impls.load("megatron"))
+    for mode in ("reentrant", "nonreentrant"):
+        result = runner.run(parse_case_id(f"{mode}-tracked-eager-nested-draws-cpu"), adapter)
+        assert result.outcome is Outcome.MISMATCH, result.summary()
+        assert {(m.oracle, m.detail) for m in result.mismatches} == {
+            ("recompute-mask", "the site was never recomputed")}
+    assert not _without_output_calls(megatron, "_recompute")
+
+
+def test_the_op_after_the_region_passes_gradients_through_where_the_output_reads_back_unchanged():
+    out = torch.tensor([1.0, -0.0, 3.0, 4.0], requires_grad=True) * 1  # a non-leaf, as a region's
+    following = megatron_mod._ReadsOutputBack.apply(out)
+    assert torch.equal(following, out) and following.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+    grad = torch.tensor([0.5, -0.0, float("nan"), 2.0])
+    (passed,) = torch.autograd.grad(following, out, grad, retain_graph=True)
+    assert torch.equal(int_view(passed), int_view(grad))  # bit for bit, signed zero and NaN included
+    with torch.no_grad():
+        out.untyped_storage().copy_(torch.tensor([1.0, -0.0, 3.5, 4.0]).untyped_storage())  # no version bump
+    (poisoned,) = torch.autograd.grad(following, out, grad.nan_to_num(), retain_graph=True)
+    assert poisoned[[0, 1, 3]].tolist() == [0.5, -0.0, 2.0] and poisoned[2].isnan()
+    out.untyped_storage().resize_(0)  # discarded, never refilled
+    with pytest.raises(RuntimeError, match="still discarded"):
+        torch.autograd.grad(following, out, grad)
 
 
 # --- TransformerEngine against its stand-in --------------------------------------------------------

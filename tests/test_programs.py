@@ -76,7 +76,7 @@ def test_nodraw_programs_alternate_a_silent_site_with_a_dropout():
 def test_the_registry_has_one_entry_per_op_and_says_what_it_records():
     assert set(ops.REGISTRY) == set(Op)
     assert all(spec.records for spec in ops.REGISTRY.values())
-    assert [op for op, spec in ops.REGISTRY.items() if not spec.draws] == [Op.NODRAW]
+    assert [op for op, spec in ops.REGISTRY.items() if not spec.draws] == [Op.NODRAW, Op.DROPOUT_P0]
 
 
 @pytest.mark.parametrize("op", [op for op in Op if not ops.REGISTRY[op].cuda_only], ids=lambda op: op.value)
@@ -90,7 +90,7 @@ def test_every_cpu_op_draws_from_the_forked_stream_and_returns_its_shape(op):
     after = (torch.get_rng_state(), tracker.get_states()["s"])
     assert out.shape == h.shape
     assert torch.equal(before[0], after[0])  # the default generator did not move
-    assert torch.equal(before[1], after[1]) is (op is Op.NODRAW)
+    assert torch.equal(before[1], after[1]) is (not ops.REGISTRY[op].draws)
     assert drawn.numel() > 0
 
 

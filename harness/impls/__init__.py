@@ -36,6 +36,12 @@ BUILTIN: dict[str, str] = {
     "megatron": "harness.impls.megatron:make_megatron",
     "megatron-graphsafe": "harness.impls.megatron:make_megatron_graphsafe",
     "transformer-engine": "harness.impls.transformer_engine:make_transformer_engine",
+    "deepspeed": "harness.impls.deepspeed:make_deepspeed",
+    # torch's other checkpointing paths: selective (SAC) and compiled (the program under torch.compile).
+    "torch-sac-recompute": "harness.impls.selective:make_sac_recompute",
+    "torch-sac-save-rng": "harness.impls.selective:make_sac_save_rng",
+    "torch-compile": "harness.impls.compiled:make_compiled",
+    "torch-compile-budget": "harness.impls.compiled:make_budget",
 }
 NEGATIVE_CONTROLS = tuple(name for name in BUILTIN if name.startswith("neg-"))
 

@@ -1,4 +1,4 @@
-"""`megatron` and `megatron-graphsafe`: Megatron-core's `tensor_parallel.checkpoint` and its tracker.
+"""`megatron` and `megatron-graphsafe`: Megatron-core's checkpoints and its tracker.
 
 Both adapters drive the real code of ``megatron.core.tensor_parallel.random``:
 
@@ -7,27 +7,47 @@ Both adapters drive the real code of ``megatron.core.tensor_parallel.random``:
   otherwise wins and would leak flags and streams from one case into the next);
   ``megatron`` uses the plain tracker (value ByteTensors), ``megatron-graphsafe`` the graph-safe one
   (`torch.Generator` objects from ``clone_state()``, swapped in with ``graphsafe_set_state``);
-* the checkpoint is ``tensor_parallel.checkpoint(fn, False, *args)``
-  (``distribute_saved_activations=False``, so no process group is needed), which reads and writes
-  the *global* tracker through ``get_cuda_rng_tracker().get_states()/set_states()``;
+* reentrant mode is ``tensor_parallel.checkpoint(fn, False, *args)``
+  (``distribute_saved_activations=False``, so no process group is needed);
+* non-reentrant mode is ``CheckpointWithoutOutput``, used the way Megatron's own layers use it
+  (``ckpt.checkpoint(fn, *args)``, a following op that saves the output for its backward, then
+  ``ckpt.discard_output_and_register_recompute(that op's output)``: see `_checkpoint_without_output`;
+  a NaN in a gradient of a non-reentrant case marks where the output that op read back in backward
+  was not the forward's, bit for bit);
+* both save and restore through ``_get_all_rng_states()/_set_all_rng_states()``, which read and
+  write the *global* tracker through ``get_cuda_rng_tracker().get_states()/set_states()``;
 * streams are added with the harness's own seeds (``add(name, seed)``), not through
   ``model_parallel_cuda_manual_seed``, so no parallel ranks are involved.
 
 What the harness holds is a `TrackerView` of that same global tracker: it forwards `add` and
 `fork`, and gives the harness value snapshots (`get_states`) and in-place writes (`set_states`) for
-its own bookkeeping.  Megatron's checkpoint never sees the view: it reads the global tracker
+its own bookkeeping.  Megatron's checkpoints never see the view: they read the global tracker
 directly, so what is tested is Megatron's own save/restore.
+
+``CheckpointWithoutOutput`` is built with ``fp8=None``: its constructor sets
+``self.fp8 = fp8 is not None``, so the default ``fp8=False`` turns the FP8 path *on*, which needs
+TransformerEngine (``FP8GlobalStateManager``; a NameError without it).  ``None`` is the value
+Megatron's own callers pass for "no FP8".  Its recompute restores the discarded output's storage:
+megatron-core 0.16 resizes it and copies the recomputed bytes in; 0.19 (0.17 on, by the project's
+Megatron notes) re-points it at the recomputed data with a C++ extension (``share_storage``),
+JIT-built with ``torch.utils.cpp_extension.load_inline`` at the first recompute of a process (a
+host C++ compiler, the ninja executable and Python headers needed; cached under
+``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``, so later processes only load
+it).  Build it once before a run (``.scratch/gpu_mcore.sh`` does): a first build inside a case
+with a time limit can be killed half way and leave its lock file behind for every later case.
 
 Declared unsupported (`supports`): every case when the code cannot be loaded here (`unavailable`:
 megatron-core does not import, with the error; for the graph-safe tracker, a torch without the
-graph-safe generator APIs), the cpu device (the tracker and checkpoint are CUDA-only), the shared
+graph-safe generator APIs), the cpu device (the tracker and checkpoints are CUDA-only), the shared
 layout (Megatron's tracker has no aliases: a second name for one stream would live only in the
-harness's view, so the case would test the harness's own alias bookkeeping, not Megatron), and
-non-reentrant mode (``checkpoint`` is an autograd.Function; Megatron's other path,
-``CheckpointWithoutOutput``, is not a drop-in checkpoint: the caller must discard outputs and
-register a recompute hook, and its recompute JIT-compiles a C++ extension with ``load_inline``).
-Capture cases run for real: Megatron's checkpoint bypasses itself only under Megatron's own
-graph-capture flags, which the harness's executors do not set.
+harness's view, so the case would test the harness's own alias bookkeeping, not Megatron), the
+keyword passing (both checkpoints take ``*args`` only), and in non-reentrant mode the closure and
+container passings (`_WITHOUT_OUTPUT_PASSINGS`: ``CheckpointWithoutOutputFunction`` is an
+autograd.Function, blind to an input that is not a tensor argument, so the region's output does
+not require grad and no recompute hook is registered).  Regions entered under autocast or an
+SDPA backend run: neither checkpoint re-enters that context in its recompute, which is a finding,
+not a limit.  Capture cases run for real: Megatron's checkpoints bypass themselves
+only under Megatron's own graph warm-up and capture flags, which the harness's executors do not set.
 
 The helpers here (`TrackerView`, `LazyModule`, `installed_version`) are shared with the
 TransformerEngine adapter.
@@ -45,6 +65,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from ..cases import Case, Device, Layout, Mode, Passing
+from ..compare import int_view
 from .base import Adapter
 
 RANDOM_MODULE = "megatron.core.tensor_parallel.random"
@@ -233,10 +254,12 @@ _RANDOM = LazyModule(RANDOM_MODULE)
 
 
 class MegatronAdapter(Adapter):
-    """`tensor_parallel.checkpoint` with Megatron's global tracker in one mode (plain or graph-safe)."""
+    """Megatron's checkpoints (reentrant: `tensor_parallel.checkpoint`, non-reentrant:
+    `CheckpointWithoutOutput`) with its global tracker in one mode (plain or graph-safe)."""
 
     name = "megatron"
-    description = "megatron.core.tensor_parallel.checkpoint with the plain CudaRNGStatesTracker"
+    description = ("megatron.core.tensor_parallel.checkpoint (reentrant) and CheckpointWithoutOutput "
+                   "(non-reentrant) with the plain CudaRNGStatesTracker")
     graphsafe = False
     devices: tuple[str, ...] = (Device.CUDA.value,)  # tests with a CPU stand-in widen this
 
@@ -245,8 +268,8 @@ class MegatronAdapter(Adapter):
         if graphsafe:
             self.name = "megatron-graphsafe"
             self.description = (
-                "megatron.core.tensor_parallel.checkpoint with the graph-safe CudaRNGStatesTracker "
-                "(use_cudagraphable_rng=True)"
+                "megatron.core.tensor_parallel.checkpoint (reentrant) and CheckpointWithoutOutput "
+                "(non-reentrant) with the graph-safe CudaRNGStatesTracker (use_cudagraphable_rng=True)"
             )
 
     # -- the module under test
@@ -288,22 +311,24 @@ class MegatronAdapter(Adapter):
         return None
 
     def supports(self, case: Case) -> str | None:
-        """None for reentrant cuda cases outside the shared layout (when available), else why."""
+        """None for cuda cases outside the shared layout whose input the mode's checkpoint can
+        take (when available), else why not."""
         reason = self.unavailable()
         if reason is not None:
             return reason
         if case.device.value not in self.devices:
-            return (f"Megatron-core's CudaRNGStatesTracker and checkpoint are CUDA-only "
+            return (f"Megatron-core's CudaRNGStatesTracker and checkpoints are CUDA-only "
                     f"(torch.cuda RNG state, CUDA default generators); no {case.device.value} path")
         if case.layout is Layout.SHARED:
             return no_aliases_reason("Megatron-core's CudaRNGStatesTracker")
-        if Passing.KEYWORD in case.program.passings():
+        passings = case.program.passings()
+        if Passing.KEYWORD in passings:
             return ("megatron.core.tensor_parallel.checkpoint(function, distribute_saved_activations, *args) "
-                    "passes no keyword arguments to the region")
-        if case.mode is Mode.NONREENTRANT:
-            return ("Megatron-core's tensor_parallel.checkpoint is reentrant only (an autograd.Function); "
-                    "its other path, CheckpointWithoutOutput, is no drop-in checkpoint (the caller "
-                    "discards outputs and registers a recompute hook) and JIT-builds a C++ extension")
+                    "and CheckpointWithoutOutput.checkpoint(run_function, *args) pass no keyword "
+                    "arguments to the region")
+        refused = sorted(passings & _WITHOUT_OUTPUT_PASSINGS.keys(), key=lambda passing: passing.value)
+        if case.mode is Mode.NONREENTRANT and refused:
+            return _WITHOUT_OUTPUT_PASSINGS[refused[0]]
         return None
 
     def _reset_global_tracker(self, random: Any) -> Any:
@@ -339,13 +364,94 @@ class MegatronAdapter(Adapter):
             )
 
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        """Reentrant: ``tensor_parallel.checkpoint(fn, False, *args)``; non-reentrant:
+        `_checkpoint_without_output`.  Either reads Megatron's global tracker, which must be the
+        one this run built (`_global_tracker_for`)."""
         random = self.module()
-        if not reentrant:
-            raise NotImplementedError("Megatron-core's checkpoint is reentrant only")
         self._global_tracker_for(random, tracker)
         if kwargs:
-            raise TypeError("megatron.core.tensor_parallel.checkpoint takes no keyword arguments for the region")
-        return random.checkpoint(fn, False, *args)
+            raise TypeError("Megatron-core's checkpoints take no keyword arguments for the region")
+        if reentrant:
+            return random.checkpoint(fn, False, *args)
+        return _checkpoint_without_output(random, fn, args)
+
+
+def _invisible_input(how: str) -> str:
+    """Why CheckpointWithoutOutput cannot take an input that reaches the region `how`."""
+    return (f"CheckpointWithoutOutputFunction is an autograd.Function, which sees tensor arguments "
+            f"only: an input {how} is invisible to it, so the region's output does not require "
+            "grad, discard_output_and_register_recompute registers no recompute hook "
+            "(hook_tensor.requires_grad is False) and no gradient reaches the input")
+
+
+# Non-reentrant passings CheckpointWithoutOutput cannot take, with the reason in its own code
+# (seen run anyway: backward has nothing to differentiate, or the input gets no gradient and the
+# region is never recomputed).
+_WITHOUT_OUTPUT_PASSINGS = {
+    Passing.CLOSURE: _invisible_input("the region closes over (no tensor argument at all)"),
+    Passing.LIST: _invisible_input("inside a list"),
+    Passing.DICT: _invisible_input("inside a dict"),
+}
+
+
+def _checkpoint_without_output(random: Any, fn: Callable[..., Any], args: tuple) -> torch.Tensor:
+    """``fn(*args)`` through ``CheckpointWithoutOutput`` as Megatron's layers use it; returns a
+    tensor with the region's output values.
+
+    Megatron checkpoints a function, hands its output to the next op (which saves it for its own
+    backward), then discards the output's storage and hooks the recompute onto the gradient of
+    that next op's output, so the recompute refills the storage just before the next op's backward
+    reads it.  Here the next op is `_ReadsOutputBack`: its output (a copy of the region's) is what
+    the region returns, and its backward reads the refilled output, so the restore is observed.
+    """
+    ckpt = random.CheckpointWithoutOutput(fp8=None)  # None, not False: False switches FP8 on
+    out = ckpt.checkpoint(fn, *args)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the region returned {type(out).__name__}; CheckpointWithoutOutput is run "
+                        "here for regions that return one tensor")
+    following = _ReadsOutputBack.apply(out)
+    ckpt.discard_output_and_register_recompute(following)
+    return following
+
+
+def _storage_holds(tensor: torch.Tensor) -> bool:
+    """Whether `tensor`'s storage is large enough for its elements (a discarded one has 0 bytes)."""
+    if tensor.numel() == 0:
+        return True
+    last = tensor.storage_offset() + sum((n - 1) * step for n, step in zip(tensor.shape, tensor.stride()))
+    return tensor.untyped_storage().nbytes() >= (last + 1) * tensor.element_size()
+
+
+class _ReadsOutputBack(torch.autograd.Function):
+    """The op after a ``CheckpointWithoutOutput`` region: saves the region's output for backward
+    and reads it there, as the op after a Megatron region does (an FC2 reads its input to form
+    its weight gradient).
+
+    Forward returns a copy of the output (the discard frees the output's storage, not the copy's)
+    and keeps a private copy of its bits.  Backward passes the gradient through unchanged where
+    the output it reads back is bit for bit the forward's and makes it NaN where it is not, so an
+    output the recompute restored with other values shows in the gradient oracle even where the
+    region's own gradients would not show it.  An output whose storage is still discarded (no
+    recompute ran before this backward) is a RuntimeError saying so: reading it would read freed
+    memory.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(out)
+        ctx.forward_bits = int_view(out).clone()
+        return out.detach().clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (out,) = ctx.saved_tensors
+        if not _storage_holds(out):
+            raise RuntimeError(
+                "CheckpointWithoutOutput: the region's output is still discarded when the op after "
+                "it runs its backward (no recompute ran from the hook on that op's output)")
+        same = int_view(out) == ctx.forward_bits
+        # Always the where, never a test of `same` on the host: backward may be under capture.
+        return torch.where(same, grad, torch.full_like(grad, float("nan")))
 
 
 def make_megatron() -> Adapter:

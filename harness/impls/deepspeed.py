@@ -1,0 +1,162 @@
+"""`deepspeed`: DeepSpeed's activation checkpoint and its `CudaRNGStatesTracker`.
+
+Drives the real code of ``deepspeed.runtime.activation_checkpointing.checkpointing`` (the module
+``deepspeed.checkpointing`` names), in DeepSpeed's default configuration (``configure()`` is never
+called: no activation partitioning, no CPU checkpointing, no contiguous buffers, no mpu):
+
+* the tracker is DeepSpeed's global ``CudaRNGStatesTracker`` (``get_cuda_rng_tracker()``), emptied
+  with its own ``reset()`` for every run of every case, so no stream (and no used seed: ``add``
+  refuses a seed twice) leaks from one case or run into the next.  Streams are added with the
+  harness's own seeds (``add(name, seed)``), not through ``model_parallel_cuda_manual_seed``, which
+  needs an mpu.  The tracker keeps value ByteTensors (``get_accelerator().get_rng_state()``) that
+  every fork replaces;
+* reentrant mode is ``checkpoint(fn, *args, **kwargs)`` (``CheckpointFunction``, an
+  autograd.Function; keywords are folded into its positional arguments, so a tensor passed by
+  keyword is differentiated like a positional one); non-reentrant mode is
+  ``non_reentrant_checkpoint(fn, *args)`` (saved-tensor hooks, recompute in the first unpack).
+  Both snapshot, at the call, the CPU generator, the *current* accelerator device's generator
+  (``get_accelerator().get_rng_state()``) and the tracker's states (``get_states()``, a shallow
+  copy of the dict of values); the recompute saves the then-current three, sets the forward's,
+  runs the region and puts the then-current ones back.  Both read and write the *global* tracker.
+
+What the harness holds is a `TrackerView` of that global tracker (names, value snapshots and
+in-place writes for its own bookkeeping); DeepSpeed's checkpoint never sees the view.
+
+Devices: DeepSpeed runs on one accelerator per process (``get_accelerator()``: ``cuda`` on a GPU
+machine, ``cpu`` where none is found or with ``DS_ACCELERATOR=cpu``).  On the CPU accelerator its
+"cuda" RNG state and its tracker streams are the CPU generator, so the checkpoint and the tracker
+genuinely run on the cpu device.  A case runs only on the device of DeepSpeed's accelerator: on a
+cuda accelerator the tracker forks cuda state, so cpu sites would have no tracked stream.
+
+Declared unsupported (`supports`): every case when the module does not import (`unavailable`, with
+the error), a device other than DeepSpeed's accelerator's (every case where ``get_accelerator()``
+raises, e.g. for a bad ``DS_ACCELERATOR``), the shared layout (the tracker has no
+aliases: a second name for one stream would live only in the harness's view, so the case would
+test the harness's own alias bookkeeping, not DeepSpeed), and non-reentrant programs with a
+region entered by keyword (``non_reentrant_checkpoint(function, *args)`` takes no keywords).
+Everything else runs for real, including what DeepSpeed gets wrong or cannot do: inputs inside a
+list or dict in reentrant mode (``CheckpointFunction`` treats a container as a non-tensor
+argument), regions entered under autocast or ``sdpa_kernel`` (the recompute re-enters neither),
+and CUDA-graph capture (DeepSpeed has no graph-safe path: finding what it does there is the point).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import torch
+
+from ..cases import Case, Layout, Mode, Passing
+from .base import Adapter
+from .megatron import LazyModule, TrackerView, installed_version, module_version, no_aliases_reason
+
+CHECKPOINTING_MODULE = "deepspeed.runtime.activation_checkpointing.checkpointing"
+DISTRIBUTION = "deepspeed"
+TRACKER = "DeepSpeed's CudaRNGStatesTracker"
+
+_CHECKPOINTING = LazyModule(CHECKPOINTING_MODULE)
+
+
+class DeepSpeedAdapter(Adapter):
+    """DeepSpeed's ``checkpoint`` / ``non_reentrant_checkpoint`` with its global tracker."""
+
+    name = "deepspeed"
+    description = ("deepspeed.checkpointing.checkpoint (reentrant) and non_reentrant_checkpoint "
+                   "with DeepSpeed's global CudaRNGStatesTracker")
+
+    # -- the module under test
+
+    @staticmethod
+    def module() -> Any:
+        """``deepspeed.runtime.activation_checkpointing.checkpointing``; ImportError (with the
+        reason) if it does not import."""
+        return _CHECKPOINTING.require()
+
+    @property
+    def import_error(self) -> str | None:
+        return _CHECKPOINTING.error
+
+    @property
+    def version(self) -> str | None:
+        """The installed deepspeed version; for a checkout on PYTHONPATH, its ``__version__``.
+
+        The distribution's metadata is read first, so asking for the version does not import
+        DeepSpeed (which pulls in much of its runtime).
+        """
+        found = installed_version(DISTRIBUTION)
+        if found is None and _CHECKPOINTING.load() is not None:
+            found = module_version(sys.modules.get("deepspeed"), ("__version__",))
+        return found
+
+    def accelerator_device(self) -> str:
+        """The device type of DeepSpeed's accelerator in this process (``cuda``, ``cpu``, ...)."""
+        return torch.device(self.module().get_accelerator().device_name()).type
+
+    # -- the adapter interface
+
+    def unavailable(self) -> str | None:
+        """None when DeepSpeed's checkpointing module imports, else one line with the error."""
+        error = self.import_error
+        if error is not None:
+            return f"deepspeed does not import ({CHECKPOINTING_MODULE}): {error}"
+        return None
+
+    def supports(self, case: Case) -> str | None:
+        """None for cases on the accelerator's device outside the shared layout (keywords only in
+        reentrant mode), when DeepSpeed imports; else the reason."""
+        reason = self.unavailable()
+        if reason is not None:
+            return reason
+        try:
+            accelerator = self.accelerator_device()
+        except Exception as exc:  # e.g. DS_ACCELERATOR naming an accelerator this machine lacks
+            return f"DeepSpeed's get_accelerator() failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        if case.device.value != accelerator:
+            return (f"DeepSpeed's accelerator here is {accelerator!r}: its checkpoint saves and its "
+                    f"{TRACKER} forks {accelerator} RNG state; no {case.device.value} path "
+                    "(one accelerator per process, chosen by DS_ACCELERATOR or detection)")
+        if case.layout is Layout.SHARED:
+            return no_aliases_reason(TRACKER)
+        if case.mode is Mode.NONREENTRANT:
+            if not hasattr(self.module(), "non_reentrant_checkpoint"):
+                return "this deepspeed has no non_reentrant_checkpoint"
+            if Passing.KEYWORD in case.program.passings():
+                return ("deepspeed non_reentrant_checkpoint(function, *args) passes no keyword "
+                        "arguments to the region")
+        return None
+
+    def make_tracker(self, device: Any) -> TrackerView:
+        """A view of DeepSpeed's global tracker, emptied (streams and used seeds) by its reset()."""
+        tracker = self.module().get_cuda_rng_tracker()
+        tracker.reset()
+        return TrackerView(tracker, device)
+
+    def _global_tracker_for(self, checkpointing: Any, tracker: Any) -> None:
+        """Make sure DeepSpeed's global tracker is the one this run uses (empty where it has none)."""
+        live = checkpointing.get_cuda_rng_tracker()
+        if tracker is None:
+            # The untracked layout builds no tracker, but DeepSpeed's checkpoint always snapshots
+            # and restores the global one: it must not carry a previous case's streams.
+            if live.get_states():
+                live.reset()
+            return
+        if live is not getattr(tracker, "real", tracker):
+            raise RuntimeError(
+                "DeepSpeed's global RNG tracker is not the tracker this run built "
+                "(something replaced get_cuda_rng_tracker()'s object between make_tracker and checkpoint)"
+            )
+
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        checkpointing = self.module()
+        self._global_tracker_for(checkpointing, tracker)
+        if reentrant:
+            # DeepSpeed folds keywords into CheckpointFunction's positional arguments itself.
+            return checkpointing.checkpoint(fn, *args, **kwargs)
+        if kwargs:
+            raise TypeError("deepspeed non_reentrant_checkpoint takes no keyword arguments for the region")
+        return checkpointing.non_reentrant_checkpoint(fn, *args)
+
+
+def make_deepspeed() -> Adapter:
+    return DeepSpeedAdapter()
