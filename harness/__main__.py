@@ -225,6 +225,10 @@ def cmd_repro(args: argparse.Namespace) -> int:
     [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
     entries = expectations_mod.load(args.expectations)
     if args.script:
+        if getattr(target.adapter, "compiled", False):
+            # The script re-implements the workload eagerly; it would reproduce another program.
+            raise UsageError(f"--script does not cover compiled impls ({target.name}): the script runs the "
+                             "program eagerly; rerun with `python -m harness repro` instead")
         reporting.check_report_dir(Path(args.script).resolve().parent)
     done = run_case(target, case, entries, timeline=True)
     result, record = done.result, done.record

@@ -83,3 +83,11 @@ def test_a_reference_whose_pattern_is_not_its_masks_is_not_trusted():
         compiled.check_compiled_reference(_record(zeros, torch.tensor([True, False, False, False])), 1, "x")
     with pytest.raises(ReferenceCheckError, match="constant"):
         compiled.check_compiled_reference(_record(torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool)), 1, "x")
+
+
+def test_repro_script_refuses_a_compiled_impl(tmp_path, capsys):
+    from harness.__main__ import main
+
+    assert main(["repro", FLAT, "--impl", "torch-compile", "--script", str(tmp_path / "r.py")]) == 2
+    assert "--script does not cover compiled impls" in capsys.readouterr().err
+    assert not (tmp_path / "r.py").exists()

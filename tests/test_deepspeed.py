@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from standin_packages import drop_modules
 from harness import impls, runner
 from harness.cases import Layout, Mode, generate, parse_case_id
 from harness.impls import deepspeed as deepspeed_mod
@@ -488,13 +489,6 @@ BROKEN = {  # what the GPU machine shows without DeepSpeed's requirements
 }
 
 
-def _drop_modules(top: str) -> dict[str, object]:
-    dropped = {}
-    for name in list(sys.modules):
-        if name == top or name.startswith(top + "."):
-            dropped[name] = sys.modules.pop(name)
-    return dropped
-
 
 @pytest.fixture
 def install(tmp_path, monkeypatch):
@@ -509,12 +503,12 @@ def install(tmp_path, monkeypatch):
             path.write_text(textwrap.dedent(text))
         monkeypatch.syspath_prepend(str(root))
         importlib.invalidate_caches()
-        saved.update({k: v for k, v in _drop_modules("deepspeed").items() if k not in saved})
+        saved.update({k: v for k, v in drop_modules("deepspeed").items() if k not in saved})
         deepspeed_mod._CHECKPOINTING.forget()
         return root
 
     yield put
-    _drop_modules("deepspeed")
+    drop_modules("deepspeed")
     sys.modules.update(saved)  # a real deepspeed imported before this test is put back
     deepspeed_mod._CHECKPOINTING.forget()
 

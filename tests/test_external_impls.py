@@ -40,6 +40,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from standin_packages import drop_modules
 from harness import impls, runner
 from harness.cases import Layout, Mode, generate, parse_case_id
 from harness.compare import int_view
@@ -576,13 +577,6 @@ BROKEN = {
 }
 
 
-def _drop_modules(top: str) -> dict[str, object]:
-    dropped = {}
-    for name in list(sys.modules):
-        if name == top or name.startswith(top + "."):
-            dropped[name] = sys.modules.pop(name)
-    return dropped
-
 
 @pytest.fixture
 def install(tmp_path, monkeypatch):
@@ -598,14 +592,14 @@ def install(tmp_path, monkeypatch):
             path.write_text(textwrap.dedent(text))
         monkeypatch.syspath_prepend(str(root))
         importlib.invalidate_caches()
-        saved.update({k: v for k, v in _drop_modules(top).items() if k not in saved})
+        saved.update({k: v for k, v in drop_modules(top).items() if k not in saved})
         for lazy in lazies:
             lazy.forget()
         return root
 
     yield put
     for top in ("megatron", "transformer_engine"):
-        _drop_modules(top)
+        drop_modules(top)
     sys.modules.update(saved)  # a real package imported before this test is put back
     for lazy in lazies:
         lazy.forget()

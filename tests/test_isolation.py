@@ -180,3 +180,26 @@ def test_the_command_line_report_is_complete_after_faults(tmp_path):
         "bundled": "pass", "faulty_adapters:make_abort": "crash", "faulty_adapters:make_hang": "timeout",
         "torch": "mismatch"}
     assert records["torch"]["verdict"] == "xfail"
+
+
+def test_a_worker_imports_the_code_under_test_before_its_first_case():
+    # Which copy of a shared library a process keeps depends on who loads it first (seen on the
+    # H200: TransformerEngine no longer imported in a worker whose first cases touched cuDNN), so
+    # a worker asks the adapter for `unavailable()` (the import) as soon as it loads it.
+    from harness.isolation import _load_code_under_test
+
+    calls = []
+
+    class Adapter:
+        def unavailable(self):
+            calls.append("imported")
+            return None
+
+    class Broken:
+        def unavailable(self):
+            raise RuntimeError("boom")  # the cases report it, not the worker's start
+
+    _load_code_under_test(Adapter())
+    _load_code_under_test(Broken())
+    _load_code_under_test(object())  # an adapter without unavailable()
+    assert calls == ["imported"]
