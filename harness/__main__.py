@@ -126,6 +126,24 @@ def _parser() -> argparse.ArgumentParser:
     p_fuzz.add_argument("--allow-unsupported", action="store_true",
                         help="run the impl even when its package cannot load (every case unsupported)")
 
+    p_module = sub.add_parser("module", help="your own model: its module checkpointed by an impl against the same "
+                                             "module without, bit for bit, naming the first RNG draw that diverges")
+    p_module.add_argument("factory", metavar="PKG.MOD:FACTORY",
+                          help="a function returning harness.module_mode.ModelCase(module, inputs) or (module, inputs)")
+    p_module.add_argument("--impl", default="bundled")
+    p_module.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p_module.add_argument("--capture", default="eager", help="eager (default), separate or single (cuda only)")
+    p_module.add_argument("--mode", default="nonreentrant", help="nonreentrant (default) or reentrant")
+    p_module.add_argument("--wrap", action="append", default=None, metavar="PATTERN",
+                          help="glob over named_modules() paths whose forward the impl checkpoints (repeatable; "
+                               "default: the whole module)")
+    p_module.add_argument("--iterations", type=int, default=2, metavar="K")
+    p_module.add_argument("--report-dir", default=None, metavar="DIR", help="write result.json and summary.md there")
+    p_module.add_argument("--script", default=None, metavar="FILE",
+                          help="also write a script that reproduces this run (it imports your factory)")
+    p_module.add_argument("--allow-unsupported", action="store_true",
+                          help="run the impl even when its package cannot load")
+
     p_bench = sub.add_parser("bench", help="measure speed and memory of one impl's default matrix")
     p_bench.add_argument("--impl", default="bundled")
     p_bench.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
@@ -398,8 +416,42 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_module(args: argparse.Namespace) -> int:
+    from . import module_mode
+
+    [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
+    [device] = resolve_devices(args.device)[:1]
+    capture, mode = parse_value("capture", args.capture), parse_value("mode", args.mode)
+    if capture is not Capture.EAGER and device != "cuda":
+        raise UsageFailure(f"--capture {capture.value} needs --device cuda")
+    if args.iterations < 2:
+        raise UsageFailure(f"--iterations must be at least 2 (the second shows what a leaked draw does next), "
+                           f"got {args.iterations}")
+    for path in (args.report_dir, args.script and str(Path(args.script).resolve().parent)):
+        if path:
+            reporting.check_report_dir(path)
+    try:
+        result = module_mode.run_module(args.factory, target.adapter, device, capture, mode, args.wrap,
+                                        args.iterations)
+    except module_mode.ModuleError as exc:
+        raise UsageFailure(str(exc)) from None
+    except (Exception, SystemExit) as exc:  # the impl raised: a result, not a crash
+        print(f"{target.name} {args.factory}: error: {' '.join(f'{type(exc).__name__}: {exc}'.split())}")
+        return 1
+    summary = module_mode.summary(args.factory, target.name, device, capture, mode, result)
+    print(summary)
+    if args.report_dir:
+        module_mode.write_report(Path(args.report_dir), args.factory, target.name, device, capture, mode, result)
+        print(f"report: {args.report_dir}")
+    if args.script:
+        Path(args.script).write_text(module_mode.script(args.factory, target.name, device, capture, mode,
+                                                        args.wrap, args.iterations))
+        print(f"script: {args.script} (python {args.script}; exit 1 when the divergence reproduces)")
+    return 0 if result.passed else 1
+
+
 COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
-                            "bench": cmd_bench}
+                            "bench": cmd_bench, "module": cmd_module}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -133,7 +133,34 @@ class AdapterFault(RuntimeError):
     naming the adapter and what it did."""
 
 
-class RunSession:
+class TrackedRun:
+    """What every run the executors drive shares (a case's `RunSession`, module mode's session):
+    its tracker and that tracker's initial states, its `record`; reseeding in place, the
+    generators to register with CUDA graphs, and the per-iteration copy of what the oracles read."""
+
+    tracker: Any
+    initial_tracker_states: dict
+    record: RunRecord
+
+    def reseed(self) -> None:
+        """Put every stream back to the run's initial state, in place (graph registrations hold)."""
+        seed_all()
+        if self.tracker is not None:
+            self.tracker.set_states(self.initial_tracker_states)
+
+    def generators(self) -> list[torch.Generator]:
+        return self.tracker.generators() if self.tracker is not None and hasattr(self.tracker, "generators") else []
+
+    def keep(self, iteration: int, grads: dict[str, torch.Tensor | None]) -> None:
+        """File this iteration's records (out of a graph's static buffers after a replay), copies of
+        `grads`, and every stream's state and object."""
+        self.record.log.harvest(iteration)
+        self.record.grads[iteration] = {k: (None if g is None else g.detach().clone()) for k, g in grads.items()}
+        self.record.streams[iteration] = snapshot_streams(self.tracker)
+        self.record.objects[iteration] = stream_objects(self.tracker)
+
+
+class RunSession(TrackedRun):
     """One run (reference or checkpointed) of a case, as the executors in `capture` drive it."""
 
     def __init__(
@@ -171,15 +198,6 @@ class RunSession:
         if self.events is not None and log.iteration != WARMUP:
             self.events.append((log.iteration, label, snapshot_streams(self.tracker).states))
 
-    def reseed(self) -> None:
-        """Put every stream back to the run's initial state, in place (graph registrations hold)."""
-        seed_all()
-        if self.tracker is not None:
-            self.tracker.set_states(self.initial_tracker_states)
-
-    def generators(self) -> list[torch.Generator]:
-        return self.tracker.generators() if self.tracker is not None and hasattr(self.tracker, "generators") else []
-
     def begin_iteration(self, iteration: int) -> None:
         self.record.log.start(iteration)
         for leaf in (self.x, *self.weights.values()):
@@ -203,13 +221,7 @@ class RunSession:
 
     def collect(self, iteration: int) -> None:
         """Copy this iteration's masks, gradients and stream states out of (static) buffers."""
-        self.record.log.harvest(iteration)
-        grads = {"input": self.x.grad, **{name: w.grad for name, w in self.weights.items()}}
-        self.record.grads[iteration] = {
-            k: (None if g is None else g.detach().clone()) for k, g in grads.items()
-        }
-        self.record.streams[iteration] = snapshot_streams(self.tracker)
-        self.record.objects[iteration] = stream_objects(self.tracker)
+        self.keep(iteration, {"input": self.x.grad, **{name: w.grad for name, w in self.weights.items()}})
         if self.events is not None:
             self.events.append((iteration, "after backward", self.record.streams[iteration].states))
 

@@ -1,0 +1,1 @@
+"""Example factories for `python -m harness module` (examples.transformer_layer:factory, ...)."""
