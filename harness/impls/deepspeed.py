@@ -42,14 +42,13 @@ and CUDA-graph capture (DeepSpeed has no graph-safe path: finding what it does t
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 import torch
 
 from ..cases import Case, Layout, Mode, Passing
 from .base import Adapter
-from .megatron import LazyModule, TrackerView, installed_version, module_version, no_aliases_reason
+from .megatron import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
 
 CHECKPOINTING_MODULE = "deepspeed.runtime.activation_checkpointing.checkpointing"
 DISTRIBUTION = "deepspeed"
@@ -58,49 +57,27 @@ TRACKER = "DeepSpeed's CudaRNGStatesTracker"
 _CHECKPOINTING = LazyModule(CHECKPOINTING_MODULE)
 
 
-class DeepSpeedAdapter(Adapter):
+class DeepSpeedAdapter(PackageAdapter):
     """DeepSpeed's ``checkpoint`` / ``non_reentrant_checkpoint`` with its global tracker."""
 
     name = "deepspeed"
     description = ("deepspeed.checkpointing.checkpoint (reentrant) and non_reentrant_checkpoint "
                    "with DeepSpeed's global CudaRNGStatesTracker")
 
-    # -- the module under test
+    # -- the module under test: deepspeed.runtime.activation_checkpointing.checkpointing (the
+    # version from metadata first: importing DeepSpeed pulls in much of its runtime)
+
+    package, distributions, top_module = "deepspeed", (DISTRIBUTION,), "deepspeed"
 
     @staticmethod
-    def module() -> Any:
-        """``deepspeed.runtime.activation_checkpointing.checkpointing``; ImportError (with the
-        reason) if it does not import."""
-        return _CHECKPOINTING.require()
-
-    @property
-    def import_error(self) -> str | None:
-        return _CHECKPOINTING.error
-
-    @property
-    def version(self) -> str | None:
-        """The installed deepspeed version; for a checkout on PYTHONPATH, its ``__version__``.
-
-        The distribution's metadata is read first, so asking for the version does not import
-        DeepSpeed (which pulls in much of its runtime).
-        """
-        found = installed_version(DISTRIBUTION)
-        if found is None and _CHECKPOINTING.load() is not None:
-            found = module_version(sys.modules.get("deepspeed"), ("__version__",))
-        return found
+    def lazy() -> LazyModule:
+        return _CHECKPOINTING
 
     def accelerator_device(self) -> str:
         """The device type of DeepSpeed's accelerator in this process (``cuda``, ``cpu``, ...)."""
         return torch.device(self.module().get_accelerator().device_name()).type
 
     # -- the adapter interface
-
-    def unavailable(self) -> str | None:
-        """None when DeepSpeed's checkpointing module imports, else one line with the error."""
-        error = self.import_error
-        if error is not None:
-            return f"deepspeed does not import ({CHECKPOINTING_MODULE}): {error}"
-        return None
 
     def supports(self, case: Case) -> str | None:
         """None for cases on the accelerator's device outside the shared layout (keywords only in

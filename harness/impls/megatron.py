@@ -248,12 +248,53 @@ def module_version(module: Any, attrs: Iterable[str]) -> str | None:
     return None
 
 
+class PackageAdapter(Adapter):
+    """An adapter over an optional package, imported lazily (Megatron-core, TransformerEngine,
+    DeepSpeed): `module()`, `import_error`, `version` and `unavailable()` from the subclass's
+    `LazyModule` and the package's distributions."""
+
+    package = ""  # how messages name the package
+    distributions: tuple[str, ...] = ()  # installed distributions to read the version from, in order
+    top_module = ""  # for a source checkout (no dist-info): the module whose attributes hold the version
+    version_attrs: tuple[str, ...] = ("__version__",)
+
+    @staticmethod
+    def lazy() -> LazyModule:
+        """The module under test (a module-level `LazyModule`, looked up at call time so tests can
+        swap it)."""
+        raise NotImplementedError
+
+    @classmethod
+    def module(cls) -> Any:
+        """The module under test; ImportError (with the reason) if it does not import."""
+        return cls.lazy().require()
+
+    @property
+    def import_error(self) -> str | None:
+        return self.lazy().error
+
+    @property
+    def version(self) -> str | None:
+        """The installed version; for a checkout on PYTHONPATH, its version attribute.  Metadata
+        first, so asking for the version does not import the package (a process that only writes
+        reports never pays for the import)."""
+        found = installed_version(*self.distributions)
+        if found is None and self.lazy().load() is not None:
+            found = module_version(sys.modules.get(self.top_module), self.version_attrs)
+        return found
+
+    def unavailable(self) -> str | None:
+        """None when the module under test imports, else one line with its import error."""
+        error = self.import_error
+        return None if error is None else f"{self.package} does not import ({self.lazy().name}): {error}"
+
+
 # --- Megatron-core -------------------------------------------------------------------------------
 
 _RANDOM = LazyModule(RANDOM_MODULE)
 
 
-class MegatronAdapter(Adapter):
+class MegatronAdapter(PackageAdapter):
     """Megatron's checkpoints (reentrant: `tensor_parallel.checkpoint`, non-reentrant:
     `CheckpointWithoutOutput`) with its global tracker in one mode (plain or graph-safe)."""
 
@@ -272,37 +313,24 @@ class MegatronAdapter(Adapter):
                 "(non-reentrant) with the graph-safe CudaRNGStatesTracker (use_cudagraphable_rng=True)"
             )
 
-    # -- the module under test
+    # -- the module under test: megatron.core.tensor_parallel.random (a source checkout keeps its
+    # version in package_info)
+
+    package, distributions = "megatron-core", (DISTRIBUTION,)
+    top_module, version_attrs = "megatron.core", ("package_info.__version__", "__version__")
 
     @staticmethod
-    def module() -> Any:
-        """``megatron.core.tensor_parallel.random``; ImportError (with the reason) if it does not import."""
-        return _RANDOM.require()
-
-    @property
-    def import_error(self) -> str | None:
-        return _RANDOM.error
-
-    @property
-    def version(self) -> str | None:
-        """The installed megatron-core version; for a source checkout (no dist-info), its package_info.
-
-        The distribution's metadata is read first, so asking for the version does not import
-        megatron-core (a process that only writes reports never pays for the import).
-        """
-        found = installed_version(DISTRIBUTION)
-        if found is None and _RANDOM.load() is not None:
-            found = module_version(sys.modules.get("megatron.core"), ("package_info.__version__", "__version__"))
-        return found
+    def lazy() -> LazyModule:
+        return _RANDOM
 
     # -- the adapter interface
 
     def unavailable(self) -> str | None:
         """None when megatron-core imports (and, for the graph-safe tracker, torch has the
         graph-safe generator APIs), else one line saying why not."""
-        error = self.import_error
-        if error is not None:
-            return f"megatron-core does not import ({RANDOM_MODULE}): {error}"
+        reason = super().unavailable()
+        if reason is not None:
+            return reason
         if self.graphsafe:
             missing = graphsafe_apis_missing()
             if missing:

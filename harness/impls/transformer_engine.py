@@ -25,12 +25,11 @@ so the case would test the harness's own alias bookkeeping, not TE).  Capture ca
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 from ..cases import Case, Device, Layout
 from .base import Adapter
-from .megatron import LazyModule, TrackerView, installed_version, module_version, no_aliases_reason
+from .megatron import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
 
 DISTRIBUTED_MODULE = "transformer_engine.pytorch.distributed"
 DISTRIBUTIONS = ("transformer-engine", "transformer-engine-torch")
@@ -38,37 +37,17 @@ DISTRIBUTIONS = ("transformer-engine", "transformer-engine-torch")
 _DISTRIBUTED = LazyModule(DISTRIBUTED_MODULE)
 
 
-class TransformerEngineAdapter(Adapter):
+class TransformerEngineAdapter(PackageAdapter):
     name = "transformer-engine"
     description = "transformer_engine.pytorch checkpoint(get_rng_state_tracker=...) with its CudaRNGStatesTracker"
     devices: tuple[str, ...] = (Device.CUDA.value,)  # tests with a CPU stand-in widen this
 
+    # the module under test: transformer_engine.pytorch.distributed
+    package, distributions, top_module = "TransformerEngine", DISTRIBUTIONS, "transformer_engine"
+
     @staticmethod
-    def module() -> Any:
-        """``transformer_engine.pytorch.distributed``; ImportError (with the reason) if it does not import."""
-        return _DISTRIBUTED.require()
-
-    @property
-    def import_error(self) -> str | None:
-        return _DISTRIBUTED.error
-
-    @property
-    def version(self) -> str | None:
-        """The installed TransformerEngine version; for a checkout on PYTHONPATH, its ``__version__``.
-
-        Metadata first, so asking for the version does not import TransformerEngine.
-        """
-        found = installed_version(*DISTRIBUTIONS)
-        if found is None and _DISTRIBUTED.load() is not None:
-            found = module_version(sys.modules.get("transformer_engine"), ("__version__",))
-        return found
-
-    def unavailable(self) -> str | None:
-        """None when TransformerEngine imports, else one line with its import error."""
-        error = self.import_error
-        if error is not None:
-            return f"TransformerEngine does not import ({DISTRIBUTED_MODULE}): {error}"
-        return None
+    def lazy() -> LazyModule:
+        return _DISTRIBUTED
 
     def supports(self, case: Case) -> str | None:
         """None for cuda cases outside the shared layout (when TE imports), else the reason."""
