@@ -17,7 +17,6 @@ raises ValueError), as is every case where this torch lacks ``create_selective_c
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -25,6 +24,7 @@ import torch.utils.checkpoint
 
 from ..cases import Case, Mode
 from .base import Adapter
+from .torch_checkpoint import TorchAdapter
 
 
 def _sac() -> tuple[Any, Any] | None:
@@ -46,15 +46,14 @@ def save_rng(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return policy.MUST_SAVE if torch.Tag.nondeterministic_seeded in tags else policy.PREFER_RECOMPUTE
 
 
-class SelectiveAdapter(Adapter):
-    """Non-reentrant ``torch.utils.checkpoint`` with a selective-checkpoint policy."""
+class SelectiveAdapter(TorchAdapter):
+    """``torch``'s adapter (non-reentrant ``torch.utils.checkpoint``) with a selective-checkpoint
+    policy's ``context_fn``."""
+
+    must_support_all = False  # a variant under test, not the reference impl torch is
 
     def __init__(self, name: str, policy: Callable[..., Any], description: str) -> None:
         self.name, self.policy, self.description = name, policy, description
-
-    @property
-    def version(self) -> str | None:
-        return torch.__version__
 
     def unavailable(self) -> str | None:
         """None where this torch has selective activation checkpointing, else why not."""
@@ -67,13 +66,9 @@ class SelectiveAdapter(Adapter):
             reason = "selective checkpointing (context_fn) is for use_reentrant=False only (torch raises ValueError)"
         return reason
 
-    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+    def options(self) -> dict[str, Any]:
         create, _ = _sac()  # type: ignore[misc]
-        context_fn = functools.partial(create, self.policy)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
-            return torch.utils.checkpoint.checkpoint(
-                fn, *args, use_reentrant=reentrant, preserve_rng_state=True, context_fn=context_fn, **kwargs)
+        return {"context_fn": functools.partial(create, self.policy)}
 
 
 def make_sac_recompute() -> Adapter:

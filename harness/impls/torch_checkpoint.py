@@ -25,13 +25,18 @@ class TorchAdapter(Adapter):
     def version(self) -> str | None:
         return torch.__version__
 
+    def options(self) -> dict[str, Any]:
+        """Further keywords for ``torch.utils.checkpoint.checkpoint`` (selective checkpointing
+        passes its ``context_fn`` here)."""
+        return {}
+
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         with warnings.catch_warnings():
             # A nested reentrant region runs inside its parent's no-grad forward, where torch warns
             # that no input requires grad; the parent's recompute runs it again with grad.
             warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
             return torch.utils.checkpoint.checkpoint(
-                fn, *args, use_reentrant=reentrant, preserve_rng_state=True, **kwargs
+                fn, *args, use_reentrant=reentrant, preserve_rng_state=True, **self.options(), **kwargs
             )
 
 
