@@ -436,7 +436,7 @@ def cmd_module(args: argparse.Namespace) -> int:
     except module_mode.ModuleError as exc:
         raise UsageFailure(str(exc)) from None
     except (Exception, SystemExit) as exc:  # the impl raised: a result, not a crash
-        print(f"{target.name} {args.factory}: error: {' '.join(f'{type(exc).__name__}: {exc}'.split())}")
+        print(f"{target.name} {args.factory}: error: {impls.one_line(exc)}")
         return 1
     summary = module_mode.summary(args.factory, target.name, device, capture, mode, result)
     print(summary)

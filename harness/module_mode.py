@@ -33,17 +33,19 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from . import ops
 from .capture import execute
-from .cases import Capture, Mode
+from .impls import one_line
+from .cases import Capture, Layout, Mode
 from .compare import Mismatch
 from .oracles import check
 from .programs import Op
 from .records import FORWARD, LOSS, RECOMPUTE, MaskLog, RunRecord
 from .runner import TrackedRun
 from .streams import preserved_global_rng, stream_objects
-from .workload import TRACKED_STREAM, STREAM_SEEDS, seed_all
+from .workload import make_tracker_streams, seed_all
 
 
 class ModuleError(ValueError):
@@ -61,10 +63,6 @@ class ModelCase:
     loss: Callable[[Any], torch.Tensor] | None = None
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
-
-
 def load_factory(path: str) -> Callable[[], Any]:
     """The factory ``PKG.MOD:FACTORY`` names; `ModuleError` (one line) when it cannot be had."""
     module_name, _, attr = path.partition(":")
@@ -73,7 +71,7 @@ def load_factory(path: str) -> Callable[[], Any]:
     try:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:
-        raise ModuleError(f"cannot import {module_name!r} for factory {path!r}: {_one_line(exc)}") from None
+        raise ModuleError(f"cannot import {module_name!r} for factory {path!r}: {one_line(exc)}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ModuleError(f"{path}: module {module_name!r} has no callable {attr!r}")
@@ -87,7 +85,7 @@ def build(factory: Callable[[], Any], path: str, device: torch.device) -> ModelC
     try:
         made = factory()
     except (Exception, SystemExit) as exc:
-        raise ModuleError(f"factory {path} raised {_one_line(exc)}") from None
+        raise ModuleError(f"factory {path} raised {one_line(exc)}") from None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         made = ModelCase(*made)
     if not isinstance(made, ModelCase) or not isinstance(made.module, torch.nn.Module):
@@ -103,23 +101,13 @@ def build(factory: Callable[[], Any], path: str, device: torch.device) -> ModelC
 
 
 def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_map_tensors(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
-    return value
+    """`value` with every tensor in it (at any depth of tuples, lists, dicts, ...) replaced by `fn`'s."""
+    return tree_map_only(torch.Tensor, fn, value)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
+    """Every tensor in `value`, in pytree order."""
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
 def wrapped_paths(module: torch.nn.Module, patterns: list[str]) -> list[str]:
@@ -169,8 +157,7 @@ class ModuleSession(TrackedRun):
         seed_all()
         make_tracker = getattr(impl, "make_tracker", None)
         self.tracker = make_tracker(device) if make_tracker is not None else None
-        if self.tracker is not None:
-            self.tracker.add(TRACKED_STREAM, STREAM_SEEDS[TRACKED_STREAM])
+        make_tracker_streams(self.tracker, Layout.TRACKED)  # the tracked stream, as the matrix has it
         self.initial_tracker_states = self.tracker.get_states() if self.tracker is not None else {}
         self.record = RunRecord(MaskLog(), objects_before=stream_objects(self.tracker))
         self.stack: list[str] = []

@@ -58,7 +58,7 @@ def registered() -> dict[str, str]:
     return names
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """``Type: message`` of an exception, whitespace collapsed to single spaces."""
     try:
         message = " ".join(str(exc).split())
@@ -72,7 +72,7 @@ def _short_repr(obj: object, limit: int = 80) -> str:
     try:
         text = " ".join(repr(obj).split())
     except Exception as exc:
-        return f"<repr failed: {_one_line(exc)}>"
+        return f"<repr failed: {one_line(exc)}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -89,12 +89,12 @@ def _import_factory(name: str, path: str) -> Callable[[], Adapter]:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # a broken module may raise anything, or exit
         raise ImplError(f"cannot import {module_name!r} for implementation {name!r}: "
-                        f"{_one_line(exc)}") from None
+                        f"{one_line(exc)}") from None
     try:
         factory = getattr(module, attr, None)
     except Exception as exc:  # a module-level __getattr__ that raises
         raise ImplError(f"cannot read {path} for implementation {name!r}: "
-                        f"{_one_line(exc)}") from None
+                        f"{one_line(exc)}") from None
     if factory is None:
         raise ImplError(f"module {module_name!r} has no attribute {attr!r}")
     if not callable(factory):
@@ -118,7 +118,7 @@ def _build(name: str, path: str, factory: Callable[[], Adapter]) -> Adapter:
         adapter = factory()
     except (Exception, SystemExit) as exc:  # a broken third-party factory is bad input, not a crash
         raise ImplError(f"factory {path} for implementation {name!r} raised "
-                        f"{_one_line(exc)}") from None
+                        f"{one_line(exc)}") from None
     if not _is_adapter(adapter):
         raise ImplError(f"factory {path} for implementation {name!r} did not return an adapter: "
                         f"got {type(adapter).__name__} {_short_repr(adapter)}")
