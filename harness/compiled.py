@@ -34,7 +34,7 @@ from . import ops
 from .cases import Case, Passing
 from .oracles import check
 from .programs import Op, Region
-from .records import LOSS, RECOMPUTE, MaskLog, RunRecord
+from .records import FORWARD, LOSS, RECOMPUTE, MaskLog, RunRecord
 from .reference import ReferenceCheckError, _constant
 from .streams import preserved_global_rng, snapshot_streams
 from .workload import CheckpointFn, Tensors, Workload, _entered, seed_all, torch_dtype
@@ -87,15 +87,14 @@ class CompiledWorkload(Workload):
 
 
 def _run(case: Case, impl: Any, device: torch.device, tensors: Tensors, checkpoint: CheckpointFn | None,
-         iterations: int) -> RunRecord:
-    """One compiled run (the reference when `checkpoint` is None), recorded per iteration."""
+         iterations: int, regions: list[str], pattern: bool) -> RunRecord:
+    """One compiled run (the reference when `checkpoint` is None), recorded per iteration: the
+    outputs of the top-level `regions`, the loss and, with `pattern`, the dropout pattern."""
     torch._dynamo.reset()  # no compiled code, guard or recompile count carried over from another run
     seed_all()
     x, weights = tensors.fresh_leaves()
     record = RunRecord(MaskLog())
     workload = CompiledWorkload(case, device, None, weights, checkpoint, record=lambda name, value: None)
-    regions = [item.name for item in case.program.items() if isinstance(item, Region)]
-    pattern = has_pattern(case)
     with impl.compiling(recompute=checkpoint is not None):
         forward = impl.compile(workload.program_forward)
         for it in range(iterations):
@@ -124,7 +123,7 @@ def check_compiled_reference(record: RunRecord, iterations: int, impl: str) -> N
     masks: the input gradient's zeros differ from the final activation's, or the pattern is
     constant (nothing or everything dropped)."""
     for it in range(iterations):
-        forward = record.log.masks.get((it, PATTERN, "forward"), [])
+        forward = record.log.masks.get((it, PATTERN, FORWARD), [])
         backward = record.log.masks.get((it, PATTERN, RECOMPUTE), [])
         if not forward or not backward:
             raise ReferenceCheckError(f"reference check failed for impl {impl!r}: no dropout pattern recorded "
@@ -147,14 +146,14 @@ def run_compiled(case: Case, impl: Any, name: str, iterations: int,
     device = torch.device(case.device.value)
     if device.type == "cuda":
         torch.cuda.init()
+    regions = [item.name for item in case.program.items() if isinstance(item, Region)]
+    pattern = has_pattern(case)
     with preserved_global_rng(), ops.determinism(case.program.ops()):
         tensors = Tensors.make(case, device)
-        reference = _run(case, impl, device, tensors, None, iterations)
-        pattern = has_pattern(case)
+        reference = _run(case, impl, device, tensors, None, iterations, regions, pattern)
         if pattern:
             check_compiled_reference(reference, iterations, name)
-        checkpointed = _run(case, impl, device, tensors, checkpoint_with(None), iterations)
+        checkpointed = _run(case, impl, device, tensors, checkpoint_with(None), iterations, regions, pattern)
         torch._dynamo.reset()
-    regions = [item.name for item in case.program.items() if isinstance(item, Region)]
     sites = [PATTERN] if pattern else []
     return check(reference, checkpointed, sites, iterations, [*regions, LOSS], drawing=sites)

@@ -114,7 +114,11 @@ class Expectation:
 
     def matches(self, impl: str, case_id: str) -> bool:
         """Impl and case-id pattern only (the version is `applies_to`'s business)."""
-        return fnmatch.fnmatchcase(impl, self.impl) and any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns)
+        return fnmatch.fnmatchcase(impl, self.impl) and self.matches_case(case_id)
+
+    def matches_case(self, case_id: str) -> bool:
+        """One of the entry's case-id patterns matches `case_id`."""
+        return any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns)
 
     def applies_to(self, version: "str | None") -> bool:
         """True for an entry without a range, else when `version` is known and in the range."""
@@ -161,8 +165,10 @@ def _entry(raw: Mapping[str, Any], where: str) -> Expectation:
     message = raw.get("message", "")
     if not isinstance(message, str):
         raise ExpectationError(f"{where} message must be a string (a regular expression)")
-    if message and outcome in ("mismatch", "pass"):
+    if message and outcome == "mismatch":
         raise ExpectationError(f"{where} has a message, which a mismatch has not (use oracles)")
+    if message and outcome == "pass":
+        raise ExpectationError(f"{where} has a message, which a pass entry has not")
     try:
         re.compile(message)
     except re.error as exc:
@@ -214,9 +220,9 @@ def find(
 
 
 def unmatched(entries: Iterable[Expectation], case_ids: Iterable[str]) -> list[Expectation]:
-    """Entries that match none of `case_ids` for their impl (dead entries to warn about)."""
+    """Entries whose case patterns match none of `case_ids` (dead entries to warn about)."""
     ids = list(case_ids)
-    return [e for e in entries if not any(any(fnmatch.fnmatchcase(cid, p) for p in e.patterns) for cid in ids)]
+    return [e for e in entries if not any(e.matches_case(cid) for cid in ids)]
 
 
 def entry_problems(entries: Iterable[Expectation], known_impls: Iterable[str] | None = None,

@@ -151,8 +151,9 @@ class ModuleSession(TrackedRun):
     """One run of the module (reference, or checkpointed through `impl`), as the executors of
     `harness.capture` drive it (the `capture.Step` protocol)."""
 
-    def __init__(self, made: ModelCase, device: torch.device, impl: Any, mode: Mode, wrap: list[str],
-                 checkpointed: bool, loss_weights: list[torch.Tensor] | None = None) -> None:
+    def __init__(self, made: ModelCase, device: torch.device, impl: Any, mode: Mode, wrapped: list[str],
+                 loss_weights: list[torch.Tensor] | None = None) -> None:
+        """`wrapped`: the submodule paths whose forward `impl` checkpoints (none: the reference)."""
         self.made, self.device = made, device
         seed_all()
         make_tracker = getattr(impl, "make_tracker", None)
@@ -164,10 +165,9 @@ class ModuleSession(TrackedRun):
         self.inputs = _map_tensors(made.inputs, lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
         self.params = dict(made.module.named_parameters())
         self.loss_weights = loss_weights
-        self.wrapped = wrapped_paths(made.module, wrap) if checkpointed else []
+        self.wrapped = wrapped
         self._hooks = self._track_paths()
-        if checkpointed:
-            self._wrap(impl, mode)
+        self._wrap(impl, mode)
 
     # -- set-up
 
@@ -290,21 +290,19 @@ def run_module(factory_path: str, impl: Any, device: str = "cpu", capture: Captu
         if not _same_parameters(reference_case.module, checkpointed_case.module):
             raise ModuleError(f"factory {factory_path} is not deterministic: two builds after the same seeding "
                               "have different parameters or buffers")
-        wrap = wrap or [""]
-        wrapped_paths(checkpointed_case.module, wrap)  # bad patterns are bad input before any run
-        reference = ModuleSession(reference_case, dev, impl, mode, wrap, checkpointed=False)
+        wrapped = wrapped_paths(checkpointed_case.module, wrap or [""])  # bad patterns: bad input, before any run
+        reference = ModuleSession(reference_case, dev, impl, mode, [])
         execute(capture, reference, iterations)
         reference.close()
-        checkpointed = ModuleSession(checkpointed_case, dev, impl, mode, wrap, checkpointed=True,
-                                     loss_weights=reference.loss_weights)
+        checkpointed = ModuleSession(checkpointed_case, dev, impl, mode, wrapped, loss_weights=reference.loss_weights)
         execute(capture, checkpointed, iterations)
         checkpointed.close()
     draws = [n for (it, n, ph) in reference.record.log.masks if it == 0 and ph == FORWARD
              and not n.startswith("output.") and n != LOSS]
-    inside = [n for n in draws if any(_under(draw_path(n), path) for path in checkpointed.wrapped)]
+    inside = [n for n in draws if any(_under(draw_path(n), path) for path in wrapped)]
     outputs = sorted({n for (_, n, _) in reference.record.log.masks if n.startswith("output.")}) + [LOSS]
     mismatches = check(reference.record, checkpointed.record, inside, iterations, outputs, drawing=draws)
-    return ModuleResult(mismatches, checkpointed.wrapped, draws, first_divergent_draw(mismatches, draws), iterations)
+    return ModuleResult(mismatches, wrapped, draws, first_divergent_draw(mismatches, draws), iterations)
 
 
 def _under(path: str, wrapped: str) -> bool:
