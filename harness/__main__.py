@@ -129,7 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     p_module = sub.add_parser("module", help="your own model: its module checkpointed by an impl against the same "
                                              "module without, bit for bit, naming the first RNG draw that diverges")
     p_module.add_argument("factory", metavar="PKG.MOD:FACTORY",
-                          help="a function returning harness.module_mode.ModelCase(module, inputs) or (module, inputs)")
+                          help="a function returning harness.module_mode.ModelCase(module, inputs) or (module, inputs); "
+                               "one with a parameter rng_tracker is given the impl's RNG tracker")
     p_module.add_argument("--impl", default="bundled")
     p_module.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
     p_module.add_argument("--capture", default="eager", help="eager (default), separate or single (cuda only)")
@@ -435,6 +436,9 @@ def cmd_module(args: argparse.Namespace) -> int:
                                         args.iterations)
     except module_mode.ModuleError as exc:
         raise UsageFailure(str(exc)) from None
+    except module_mode.NotReproducible as exc:  # no verdict: never counted as a pass
+        print(f"{target.name} {args.factory}: cannot judge: {exc}")
+        return 1
     except (Exception, SystemExit) as exc:  # the impl raised: a result, not a crash
         print(f"{target.name} {args.factory}: error: {impls.one_line(exc)}")
         return 1

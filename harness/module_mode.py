@@ -1,9 +1,17 @@
 """Your own model under test: `python -m harness module PKG.MOD:FACTORY --impl NAME`.
 
 ``FACTORY()`` returns a `ModelCase` (or a tuple ``(module, inputs)``): an ``nn.Module`` and its
-example inputs (a tensor, a tuple of positional inputs, or a dict of keyword inputs).  The harness
-builds the module twice from the same RNG states (the factory is called after the same seeding;
-the two builds must have bit-identical parameters), wraps the forward of every submodule whose
+example inputs (a tensor, a tuple of positional inputs, or a dict of keyword inputs).  A factory
+with a parameter named ``rng_tracker`` is given the impl's own RNG tracker object for that build
+(TransformerEngine's or Megatron-core's ``CudaRNGStatesTracker``, the bundled
+``RNGStatesTracker``): the factory adds the streams its model forks, as a training script would,
+and hands the tracker to its layers (``get_rng_state_tracker=lambda: rng_tracker``).  The
+harness adds its own tracked stream too (``model-parallel``), so a tracker the model never forks
+is still checked for being left where it was.  The harness builds the module three times from the
+same RNG states (the factory is called after the same seeding, each time with a fresh tracker;
+the builds must have bit-identical parameters): the reference, a second reference, and the
+checkpointed module.  The reference runs twice and must agree with itself bit for bit, or no
+oracle can judge the model (`NotReproducible`).  It wraps the forward of every submodule whose
 ``named_modules()`` path matches ``--wrap`` (glob; default ``""``: the whole module) in the impl's
 checkpoint, and runs both for K iterations under the capture mode asked for (the executors of
 `harness.capture`).  Per iteration it compares, bit for bit, through the oracles of
@@ -21,12 +29,19 @@ checkpoint, and runs both for K iterations under the capture mode asked for (the
 The loss is the sum of every floating output times a fixed random weight (from a private
 generator), or the case's own ``loss(output)``.  `first_divergent_draw` names the first draw that
 went wrong, in the order the draws happened.
+
+What the draw log cannot see: RNG drawn inside a kernel that is not an aten op tagged
+``nondeterministic_seeded`` (cuDNN fused attention's dropout, for one) is not a draw of the log,
+though the outputs, gradients and live streams it changes are still compared.  And while the
+dispatch mode is active, dynamo does not compile: a ``torch.compile``'d function inside the model
+runs eagerly, in the reference and the checkpointed run alike.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import importlib
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -51,6 +66,13 @@ from .workload import make_tracker_streams, seed_all
 class ModuleError(ValueError):
     """Bad input to module mode (a factory that does not import, raises or returns the wrong
     thing; a --wrap pattern that matches nothing); the message is one line for the user."""
+
+
+class NotReproducible(RuntimeError):
+    """The model without checkpointing differs from itself between two identical runs, so no
+    comparison with it can judge the checkpoint; the message is one line naming the first difference."""
+
+TRACKER_PARAMETER = "rng_tracker"  # the factory parameter that receives the impl's tracker
 
 
 @dataclass
@@ -78,12 +100,34 @@ def load_factory(path: str) -> Callable[[], Any]:
     return factory
 
 
-def build(factory: Callable[[], Any], path: str, device: torch.device) -> ModelCase:
-    """Call `factory` after seeding every generator (so two builds are the same) and check what it
-    returns; the module (in training mode) and its inputs are moved to `device`."""
+def takes_tracker(factory: Callable[..., Any]) -> bool:
+    """True when `factory` has a parameter named ``rng_tracker`` (it is then given the impl's tracker)."""
+    try:
+        return TRACKER_PARAMETER in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a callable without a signature takes no tracker
+        return False
+
+
+def new_tracker(impl: Any, device: torch.device) -> Any:
+    """A fresh tracker of `impl` (None where the impl has none) with the harness's tracked stream."""
+    make_tracker = getattr(impl, "make_tracker", None)
+    tracker = make_tracker(device) if make_tracker is not None else None
+    make_tracker_streams(tracker, Layout.TRACKED)  # the tracked stream, as the matrix has it
+    return tracker
+
+
+def build(factory: Callable[..., Any], path: str, device: torch.device, tracker: Any = None) -> ModelCase:
+    """Call `factory` after seeding every generator (so two builds are the same), passing it the
+    upstream object of `tracker` when it takes ``rng_tracker``, and check what it returns; the
+    module (in training mode) and its inputs are moved to `device`."""
+    kwargs = {}
+    if takes_tracker(factory):
+        if tracker is None:
+            raise ModuleError(f"factory {path} takes {TRACKER_PARAMETER}, but this impl has no RNG tracker")
+        kwargs[TRACKER_PARAMETER] = getattr(tracker, "real", tracker)  # the upstream object, not the harness's view
     seed_all()
     try:
-        made = factory()
+        made = factory(**kwargs)
     except (Exception, SystemExit) as exc:
         raise ModuleError(f"factory {path} raised {one_line(exc)}") from None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
@@ -124,21 +168,55 @@ def wrapped_paths(module: torch.nn.Module, patterns: list[str]) -> list[str]:
     return found
 
 
-class DrawLog(TorchDispatchMode):
-    """Records every op tagged ``nondeterministic_seeded`` (its first tensor output) into a
-    `MaskLog`, under ``PATH (aten::op)``: the submodule path on top of `stack` when it ran."""
+# Outputs of a seeded op that identify its draw exactly: the Philox seed and offset that fused
+# attention kernels return (their dropout is drawn inside the kernel).
+_RNG_RETURNS = ("philox_seed", "philox_offset", "rng_state")
 
-    def __init__(self, log: MaskLog, stack: list[str]) -> None:
+
+def rng_output(func: Any, out: Any) -> torch.Tensor | None:
+    """The part of a seeded op's output that is its draw: the Philox seed and offset where the
+    op returns them (fused attention), else its boolean mask where it returns one (dropout's),
+    else its first tensor output (rand, bernoulli_, ...).  Recording the draw, not a value computed
+    from it, keeps a numerical difference upstream from reading as a divergent draw."""
+    outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+    names = [r.name for r in func._schema.returns]
+    seeds = [t for name, t in zip(names, outputs) if name in _RNG_RETURNS and isinstance(t, torch.Tensor)]
+    seeds = [t for t in seeds if t.device == seeds[0].device] if seeds else []
+    if seeds:
+        return torch.cat([t.detach().reshape(-1).to(torch.int64) for t in seeds])
+    tensors = [t for t in outputs if isinstance(t, torch.Tensor)]
+    masks = [t for t in tensors if t.dtype == torch.bool]
+    return masks[0] if masks else (tensors[0] if tensors else None)
+
+
+class DrawLog(TorchDispatchMode):
+    """Records every op tagged ``nondeterministic_seeded`` (its `rng_output`) into a `MaskLog`,
+    under ``PATH (aten::op)``: the submodule path on top of `stack` when it ran.
+
+    Logs may nest (the session's around forward and backward, one inside each wrapped forward, so
+    it sits inside whatever dispatch mode the checkpoint enters for its recompute and sees a draw
+    the checkpoint hands back from a stash instead of redrawing); `busy` (shared by one session's
+    logs) makes the innermost one the only one that records an op.  An op with no submodule
+    running is not recorded in backward: it is a backward kernel (attention's backward is
+    tagged seeded too), not a recompute's draw."""
+
+    def __init__(self, log: MaskLog, stack: list[str], busy: list[bool]) -> None:
         super().__init__()
-        self.log, self.stack = log, stack
+        self.log, self.stack, self.busy = log, stack, busy
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
-            first = _tensors(out)
-            if first:
-                path = self.stack[-1] if self.stack else "<module>"
-                self.log.record(f"{path or '<module>'} ({func._schema.name})", first[0])
+        if self.busy[0] or torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+            return func(*args, **(kwargs or {}))
+        self.busy[0] = True  # an outer log sees this op next: it must not record it again
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            self.busy[0] = False
+        if self.stack or self.log.phase == FORWARD:
+            drawn = rng_output(func, out)
+            if drawn is not None:
+                path = self.stack[-1] if self.stack else ""
+                self.log.record(f"{path or '<module>'} ({func._schema.name})", drawn)
         return out
 
 
@@ -151,17 +229,16 @@ class ModuleSession(TrackedRun):
     """One run of the module (reference, or checkpointed through `impl`), as the executors of
     `harness.capture` drive it (the `capture.Step` protocol)."""
 
-    def __init__(self, made: ModelCase, device: torch.device, impl: Any, mode: Mode, wrapped: list[str],
-                 loss_weights: list[torch.Tensor] | None = None) -> None:
-        """`wrapped`: the submodule paths whose forward `impl` checkpoints (none: the reference)."""
-        self.made, self.device = made, device
+    def __init__(self, made: ModelCase, tracker: Any, device: torch.device, impl: Any, mode: Mode,
+                 wrapped: list[str], loss_weights: list[torch.Tensor] | None = None) -> None:
+        """`tracker`: the one `made` was built with (`new_tracker`); `wrapped`: the submodule paths
+        whose forward `impl` checkpoints (none: the reference)."""
+        self.made, self.device, self.tracker = made, device, tracker
         seed_all()
-        make_tracker = getattr(impl, "make_tracker", None)
-        self.tracker = make_tracker(device) if make_tracker is not None else None
-        make_tracker_streams(self.tracker, Layout.TRACKED)  # the tracked stream, as the matrix has it
         self.initial_tracker_states = self.tracker.get_states() if self.tracker is not None else {}
         self.record = RunRecord(MaskLog(), objects_before=stream_objects(self.tracker))
         self.stack: list[str] = []
+        self.busy = [False]  # shared by this session's draw logs (`DrawLog`)
         self.inputs = _map_tensors(made.inputs, lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
         self.params = dict(made.module.named_parameters())
         self.loss_weights = loss_weights
@@ -191,11 +268,15 @@ class ModuleSession(TrackedRun):
             original = sub.forward
 
             def inner(*args: Any, _original: Callable = original, _path: str = path, **kwargs: Any) -> Any:
+                depth = len(self.stack)
                 self.stack.append(_path)  # the recompute calls this, not the module's __call__
                 try:
-                    return _original(*args, **kwargs)
+                    with DrawLog(self.record.log, self.stack, self.busy):  # inside the checkpoint's own modes
+                        return _original(*args, **kwargs)
                 finally:
-                    self.stack.pop()
+                    # A recompute stopped early (torch's non-reentrant checkpoint raises inside a
+                    # submodule's forward) skips those submodules' forward hooks: drop their paths too.
+                    del self.stack[depth:]
 
             def forward(*args: Any, _inner: Callable = inner, **kwargs: Any) -> Any:
                 return impl.checkpoint(_inner, *args, reentrant=mode is Mode.REENTRANT, tracker=self.tracker, **kwargs)
@@ -215,7 +296,7 @@ class ModuleSession(TrackedRun):
 
     def forward(self) -> torch.Tensor:
         self.record.log.phase = FORWARD
-        with DrawLog(self.record.log, self.stack):
+        with DrawLog(self.record.log, self.stack, self.busy):
             inputs = self.inputs
             out = (self.made.module(**inputs) if isinstance(inputs, dict)
                    else self.made.module(*inputs) if isinstance(inputs, (tuple, list))
@@ -242,7 +323,7 @@ class ModuleSession(TrackedRun):
 
     def backward(self, loss: torch.Tensor) -> None:
         self.record.log.phase = RECOMPUTE
-        with DrawLog(self.record.log, self.stack):
+        with DrawLog(self.record.log, self.stack, self.busy):
             loss.backward()
 
     def collect(self, iteration: int) -> None:
@@ -267,16 +348,26 @@ class ModuleResult:
         return not self.mismatches
 
 
-def _same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    pa, pb = dict(a.state_dict()), dict(b.state_dict())
-    return pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the module's parameters and buffers."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _output_names(record: RunRecord) -> list[str]:
+    """The names the run recorded its outputs under, and the loss."""
+    return sorted({n for (_, n, _) in record.log.masks if n.startswith("output.")}) + [LOSS]
 
 
 def run_module(factory_path: str, impl: Any, device: str = "cpu", capture: Capture = Capture.EAGER,
                mode: Mode = Mode.NONREENTRANT, wrap: list[str] | None = None, iterations: int = 2) -> ModuleResult:
     """Run the factory's module under `impl` against the same module without checkpointing (both
     built from the same RNG states) and compare them bit for bit (module doc).  Bad input is a
-    `ModuleError`; anything the impl raises propagates to the caller."""
+    `ModuleError`; a model that does not reproduce itself without checkpointing is
+    `NotReproducible` (no verdict); anything the impl raises propagates to the caller."""
     factory = load_factory(factory_path)
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -285,24 +376,51 @@ def run_module(factory_path: str, impl: Any, device: str = "cpu", capture: Captu
     # user's attention backward must not accumulate in a run-to-run order the checkpoint is not to blame for.
     deterministic = ops.determinism([Op.SDPA_EFFICIENT] if dev.type == "cuda" else [])
     with preserved_global_rng(), deterministic:
-        reference_case = build(factory, factory_path, dev)
-        checkpointed_case = build(factory, factory_path, dev)
-        if not _same_parameters(reference_case.module, checkpointed_case.module):
-            raise ModuleError(f"factory {factory_path} is not deterministic: two builds after the same seeding "
-                              "have different parameters or buffers")
-        wrapped = wrapped_paths(checkpointed_case.module, wrap or [""])  # bad patterns: bad input, before any run
-        reference = ModuleSession(reference_case, dev, impl, mode, [])
-        execute(capture, reference, iterations)
-        reference.close()
-        checkpointed = ModuleSession(checkpointed_case, dev, impl, mode, wrapped, loss_weights=reference.loss_weights)
-        execute(capture, checkpointed, iterations)
-        checkpointed.close()
+        # The reference, a second reference, the checkpointed module: each tracker is made just
+        # before its build and run, because some impls' trackers are one global object
+        # (Megatron-core's, DeepSpeed's) that making a tracker resets.
+        first_state: dict[str, torch.Tensor] = {}
+        wrapped: list[str] = []
+        sessions: list[ModuleSession] = []
+        for role in ("reference", "second reference", "checkpointed"):
+            tracker = new_tracker(impl, dev)
+            made = build(factory, factory_path, dev, tracker)
+            if not sessions:
+                first_state = _state(made.module)  # before a forward updates any buffer
+                wrapped = wrapped_paths(made.module, wrap or [""])  # bad patterns: bad input, before any run
+            elif not _same_state(first_state, _state(made.module)):
+                raise ModuleError(f"factory {factory_path} is not deterministic: builds after the same seeding "
+                                  "have different parameters or buffers")
+            loss_weights = sessions[0].loss_weights if sessions else None
+            session = ModuleSession(made, tracker, dev, impl, mode, wrapped if role == "checkpointed" else [],
+                                    loss_weights=loss_weights)
+            execute(capture, session, iterations)
+            session.close()
+            sessions.append(session)
+            if role == "second reference":
+                outputs = _output_names(sessions[0].record)
+                require_reproducible(factory_path, sessions[0].record, session.record, outputs, iterations)
+    reference, _, checkpointed = sessions
     draws = [n for (it, n, ph) in reference.record.log.masks if it == 0 and ph == FORWARD
              and not n.startswith("output.") and n != LOSS]
     inside = [n for n in draws if any(_under(draw_path(n), path) for path in wrapped)]
-    outputs = sorted({n for (_, n, _) in reference.record.log.masks if n.startswith("output.")}) + [LOSS]
-    mismatches = check(reference.record, checkpointed.record, inside, iterations, outputs, drawing=draws)
+    mismatches = check(reference.record, checkpointed.record, inside, iterations, _output_names(reference.record),
+                       drawing=draws)
     return ModuleResult(mismatches, wrapped, draws, first_divergent_draw(mismatches, draws), iterations)
+
+
+def require_reproducible(factory_path: str, first: RunRecord, second: RunRecord, outputs: list[str],
+                         iterations: int) -> None:
+    """`NotReproducible` when the second reference run differs from the first in anything an
+    oracle compares (draws, outputs, loss, gradients, live streams)."""
+    # Identity is left out: it compares a run with itself, not one run with another.
+    differences = [d for d in check(first, second, [], iterations, outputs, drawing=[]) if d.oracle != "identity"]
+    if differences:
+        raise NotReproducible(
+            f"{factory_path}: the model without checkpointing is not bit-reproducible here, so no oracle can judge "
+            f"the checkpoint: a second identical run differs ({differences[0].message()}"
+            f"{f'; +{len(differences) - 1} more' if len(differences) > 1 else ''}); make its ops deterministic "
+            "(torch.use_deterministic_algorithms, the library's own switches) and run again")
 
 
 def _under(path: str, wrapped: str) -> bool:

@@ -38,3 +38,72 @@ def nondeterministic_factory():
     with torch.no_grad():
         layer.weight.fill_(len(BUILDS))  # another value each build
     return layer, torch.rand(2, 4)
+
+
+class Forked(torch.nn.Module):
+    """Dropout inside a tracker stream of its own, as a model-parallel layer draws."""
+
+    def __init__(self, tracker):
+        super().__init__()
+        self.tracker = tracker
+        self.lin = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        with self.tracker.fork("layer-rng"):
+            return self.drop(self.lin(x))
+
+
+def tracker_factory(rng_tracker):
+    rng_tracker.add("layer-rng", 77)
+    return Forked(rng_tracker), torch.rand(4, 8)
+
+
+class Counting(torch.nn.Module):
+    """Its output changes with every call: a model no second run can reproduce."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x) * (1 + 0.125 * (self.calls % 3))
+
+
+RUNS = []
+
+
+def unreproducible_factory():
+    module = Counting()
+    RUNS.append(module)
+    # every build starts its count where the previous build's left off: the second reference
+    # run differs from the first
+    module.calls = 5 * len(RUNS)
+    return module, torch.rand(2, 4)
+
+
+class _DrawsInBackward(torch.autograd.Function):
+    """Identity whose backward draws (a seeded op with no submodule running): not a recompute's draw."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * (torch.rand_like(grad) >= 0)  # all ones: the gradient is unchanged
+
+
+class DrawsInBackward(torch.nn.Module):
+    def forward(self, x):
+        return _DrawsInBackward.apply(x)
+
+
+def backward_draw_factory():
+    # torch's non-reentrant checkpoint stops its recompute early, inside the last dropout's
+    # forward; the draw in backward comes after that recompute.
+    layers = torch.nn.Sequential(DrawsInBackward(), torch.nn.Linear(8, 8), torch.nn.Dropout(0.5),
+                                 torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    return layers, torch.rand(4, 8)
