@@ -18,7 +18,8 @@ checkpoint, and runs both for K iterations under the capture mode asked for (the
 `harness.oracles`:
 
 * every RNG draw: a dispatch mode records each op tagged ``nondeterministic_seeded`` with the
-  submodule path running it, in forward and in recompute, under the name ``PATH (aten::op)``;
+  submodule path running it, in forward and in recompute, under the name ``PATH (aten::op)``, by
+  what it drew (`rng_output`: dropout's mask, fused attention's Philox seed and offset);
   forward draws are compared with the reference's (``forward-mask``) and recompute draws with the
   forward's (``recompute-mask``; a draw inside a wrapped submodule that is never recomputed is a
   failure too);
