@@ -53,13 +53,14 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from . import ops
 from .capture import execute
+from .checkpoint.stash import is_seeded
 from .impls import one_line
 from .cases import Capture, Layout, Mode
 from .compare import Mismatch
 from .oracles import check
 from .programs import Op
 from .records import FORWARD, LOSS, RECOMPUTE, MaskLog, RunRecord
-from .runner import TrackedRun
+from .runner import NotReproducible, TrackedRun, reproduction_difference
 from .streams import preserved_global_rng, stream_objects
 from .workload import make_tracker_streams, seed_all
 
@@ -68,10 +69,6 @@ class ModuleError(ValueError):
     """Bad input to module mode (a factory that does not import, raises or returns the wrong
     thing; a --wrap pattern that matches nothing); the message is one line for the user."""
 
-
-class NotReproducible(RuntimeError):
-    """The model without checkpointing differs from itself between two identical runs, so no
-    comparison with it can judge the checkpoint; the message is one line naming the first difference."""
 
 TRACKER_PARAMETER = "rng_tracker"  # the factory parameter that receives the impl's tracker
 
@@ -206,7 +203,7 @@ class DrawLog(TorchDispatchMode):
         self.log, self.stack, self.busy = log, stack, busy
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.busy[0] or torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+        if self.busy[0] or not is_seeded(func):
             return func(*args, **(kwargs or {}))
         self.busy[0] = True  # an outer log sees this op next: it must not record it again
         try:
@@ -382,6 +379,7 @@ def run_module(factory_path: str, impl: Any, device: str = "cpu", capture: Captu
         # (Megatron-core's, DeepSpeed's) that making a tracker resets.
         first_state: dict[str, torch.Tensor] = {}
         wrapped: list[str] = []
+        outputs: list[str] = []  # the output names and the loss, as the reference recorded them
         sessions: list[ModuleSession] = []
         for role in ("reference", "second reference", "checkpointed"):
             tracker = new_tracker(impl, dev)
@@ -400,28 +398,19 @@ def run_module(factory_path: str, impl: Any, device: str = "cpu", capture: Captu
             sessions.append(session)
             if role == "second reference":
                 outputs = _output_names(sessions[0].record)
-                require_reproducible(factory_path, sessions[0].record, session.record, outputs, iterations)
+                difference = reproduction_difference(sessions[0].record, session.record, outputs, iterations)
+                if difference:
+                    raise NotReproducible(
+                        f"{factory_path}: the model without checkpointing is not bit-reproducible here, so no "
+                        f"oracle can judge the checkpoint: a second identical run differs ({difference}); make its "
+                        "ops deterministic (torch.use_deterministic_algorithms, the library's own switches) and "
+                        "run again")
     reference, _, checkpointed = sessions
     draws = [n for (it, n, ph) in reference.record.log.masks if it == 0 and ph == FORWARD
              and not n.startswith("output.") and n != LOSS]
     inside = [n for n in draws if any(_under(draw_path(n), path) for path in wrapped)]
-    mismatches = check(reference.record, checkpointed.record, inside, iterations, _output_names(reference.record),
-                       drawing=draws)
+    mismatches = check(reference.record, checkpointed.record, inside, iterations, outputs, drawing=draws)
     return ModuleResult(mismatches, wrapped, draws, first_divergent_draw(mismatches, draws), iterations)
-
-
-def require_reproducible(factory_path: str, first: RunRecord, second: RunRecord, outputs: list[str],
-                         iterations: int) -> None:
-    """`NotReproducible` when the second reference run differs from the first in anything an
-    oracle compares (draws, outputs, loss, gradients, live streams)."""
-    # Identity is left out: it compares a run with itself, not one run with another.
-    differences = [d for d in check(first, second, [], iterations, outputs, drawing=[]) if d.oracle != "identity"]
-    if differences:
-        raise NotReproducible(
-            f"{factory_path}: the model without checkpointing is not bit-reproducible here, so no oracle can judge "
-            f"the checkpoint: a second identical run differs ({differences[0].message()}"
-            f"{f'; +{len(differences) - 1} more' if len(differences) > 1 else ''}); make its ops deterministic "
-            "(torch.use_deterministic_algorithms, the library's own switches) and run again")
 
 
 def _under(path: str, wrapped: str) -> bool:

@@ -329,21 +329,30 @@ def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = F
     return result
 
 
-def require_reproducible(case: Case, first: RunRecord, second: RunRecord, output_names: list[str],
-                         iterations: int) -> None:
-    """`NotReproducible` when a second reference run differs from the first in anything an oracle
-    compares (the ops of `OpSpec.reproducible` False)."""
+def reproduction_difference(first: RunRecord, second: RunRecord, output_names: list[str],
+                            iterations: int) -> str | None:
+    """How a second identical reference run differs from the first, in anything an oracle
+    compares ("the first mismatch; +N more"), or None when it does not."""
     # No checkpointed sites and no drawing sites: a reference recomputes nothing, and two runs
     # that drew the same masks are the point.  Every recorded RNG output is still compared.
     # Identity is left out: it compares a run with itself (a tracker whose fork stores a new state
     # object under a name fails it in every run), not one run with another.
     differences = [d for d in check(first, second, [], iterations, output_names, drawing=[])
                    if d.oracle != "identity"]
-    if differences:
+    if not differences:
+        return None
+    return differences[0].message() + (f"; +{len(differences) - 1} more" if len(differences) > 1 else "")
+
+
+def require_reproducible(case: Case, first: RunRecord, second: RunRecord, output_names: list[str],
+                         iterations: int) -> None:
+    """`NotReproducible` when a second reference run differs from the first in anything an oracle
+    compares (the ops of `OpSpec.reproducible` False)."""
+    difference = reproduction_difference(first, second, output_names, iterations)
+    if difference:
         raise NotReproducible(
-            f"the reference is not bit-reproducible here: a second identical run differs ({differences[0].message()}"
-            f"{f'; +{len(differences) - 1} more' if len(differences) > 1 else ''}); the backward of "
-            f"{', '.join(sorted(op.value for op in case.program.ops() if not ops.REGISTRY[op].reproducible))} "
+            f"the reference is not bit-reproducible here: a second identical run differs ({difference}); the "
+            f"backward of {', '.join(sorted(op.value for op in case.program.ops() if not ops.REGISTRY[op].reproducible))} "
             "accumulates in a run-to-run order on this GPU, so no oracle can judge this case")
 
 

@@ -19,7 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 
-def _is_seeded(func: Any) -> bool:
+def is_seeded(func: Any) -> bool:
+    """True for an op that draws random numbers (tagged ``nondeterministic_seeded``)."""
     return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
 
@@ -58,7 +59,7 @@ class RNGStash(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        if not _is_seeded(func):
+        if not is_seeded(func):
             return func(*args, **kwargs)
         if not self.replaying:
             out = func(*args, **kwargs)

@@ -23,6 +23,7 @@ import torch
 import torch.utils.checkpoint
 
 from ..cases import Case, Mode
+from ..checkpoint.stash import is_seeded
 from .base import Adapter
 from .torch_checkpoint import TorchAdapter
 
@@ -42,8 +43,7 @@ def recompute_all(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
 def save_rng(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     """Keep the output of every RNG op (tagged ``nondeterministic_seeded``); recompute the rest."""
     policy = torch.utils.checkpoint.CheckpointPolicy
-    tags = getattr(op, "tags", ())
-    return policy.MUST_SAVE if torch.Tag.nondeterministic_seeded in tags else policy.PREFER_RECOMPUTE
+    return policy.MUST_SAVE if is_seeded(op) else policy.PREFER_RECOMPUTE
 
 
 class SelectiveAdapter(TorchAdapter):
