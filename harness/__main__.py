@@ -23,7 +23,8 @@ from . import repro_script, timeline
 from .report import cli as report_cli
 from .cases import AXES, MATRICES, Capture, CaseError, Case, Device, generate, parse_case_id, parse_value
 from .execution import (
-    INTERRUPTED, UsageError, check_selection, load_targets, proved_nothing, resolve_devices, run_case,
+    INTERRUPTED, UsageError, adapter_version, check_selection, load_targets, proved_nothing, resolve_devices,
+    run_case,
 )
 from .report.cli import UsageFailure  # one class for every subcommand's bad input
 
@@ -126,22 +127,25 @@ def _parser() -> argparse.ArgumentParser:
     p_fuzz.add_argument("--allow-unsupported", action="store_true",
                         help="run the impl even when its package cannot load (every case unsupported)")
 
-    p_module = sub.add_parser("module", help="your own model: its module checkpointed by an impl against the same "
-                                             "module without, bit for bit, naming the first RNG draw that diverges")
-    p_module.add_argument("factory", metavar="PKG.MOD:FACTORY",
+    p_module = sub.add_parser("module", help="your own model: its module checkpointed by an impl (or by itself) against "
+                                             "the same module without, bit for bit, naming the first RNG draw that diverges")
+    p_module.add_argument("factory", metavar="PKG.MOD:FACTORY", nargs="+",
                           help="a function returning harness.module_mode.ModelCase(module, inputs) or (module, inputs); "
-                               "one with a parameter rng_tracker is given the impl's RNG tracker")
-    p_module.add_argument("--impl", default="bundled")
+                               "the module is importable from the current directory (repeatable)")
+    p_module.add_argument("--impl", action="append", default=[],
+                          help="impl name(s), comma lists allowed; 'as-built' judges the model's own checkpointing "
+                               "(a factory taking checkpointing=True/False); default bundled")
     p_module.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
-    p_module.add_argument("--capture", default="eager", help="eager (default), separate or single (cuda only)")
-    p_module.add_argument("--mode", default="nonreentrant", help="nonreentrant (default) or reentrant")
+    p_module.add_argument("--capture", default="eager", help="eager (default), separate or single (cuda only); comma list")
+    p_module.add_argument("--mode", default="nonreentrant", help="nonreentrant (default) or reentrant; comma list")
     p_module.add_argument("--wrap", action="append", default=None, metavar="PATTERN",
-                          help="glob over named_modules() paths whose forward the impl checkpoints (repeatable; "
-                               "default: the whole module)")
+                          help="named_modules() paths whose forward the impl checkpoints: '*' within one path "
+                               "component, '**' any depth (repeatable; default: the whole module)")
     p_module.add_argument("--iterations", type=int, default=2, metavar="K")
-    p_module.add_argument("--report-dir", default=None, metavar="DIR", help="write result.json and summary.md there")
+    p_module.add_argument("--report-dir", default=None, metavar="DIR",
+                          help="write the report (results.jsonl, summary.md, report.html, CSVs) there")
     p_module.add_argument("--script", default=None, metavar="FILE",
-                          help="also write a script that reproduces this run (it imports your factory)")
+                          help="also write a script that repeats these runs (it imports your factory)")
     p_module.add_argument("--allow-unsupported", action="store_true",
                           help="run the impl even when its package cannot load")
 
@@ -418,40 +422,75 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_module(args: argparse.Namespace) -> int:
-    from . import module_mode
+    from . import module_mode, module_report
+    from .execution import Target
 
-    [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
+    names = impls.parse_impl_names(args.impl)
+    others = [n for n in names if n != module_mode.AS_BUILT]
+    loaded = {t.name: t for t in load_targets(others, allow_unsupported=args.allow_unsupported)} if others else {}
+    targets = [loaded.get(n) or Target(n, module_mode.AsBuilt()) for n in names]
     [device] = resolve_devices(args.device)[:1]
-    capture, mode = parse_value("capture", args.capture), parse_value("mode", args.mode)
-    if capture is not Capture.EAGER and device != "cuda":
-        raise UsageFailure(f"--capture {capture.value} needs --device cuda")
+    captures = [parse_value("capture", v.strip()) for v in args.capture.split(",") if v.strip()]
+    modes = [parse_value("mode", v.strip()) for v in args.mode.split(",") if v.strip()]
+    if not captures or not modes:
+        raise UsageFailure("--capture and --mode need at least one value each")
+    graphs = [c.value for c in captures if c is not Capture.EAGER]
+    if graphs and device != "cuda":
+        raise UsageFailure(f"--capture {','.join(graphs)} needs --device cuda")
     if args.iterations < 2:
         raise UsageFailure(f"--iterations must be at least 2 (the second shows what a leaked draw does next), "
                            f"got {args.iterations}")
     for path in (args.report_dir, args.script and str(Path(args.script).resolve().parent)):
         if path:
             reporting.check_report_dir(path)
-    try:
-        result = module_mode.run_module(args.factory, target.adapter, device, capture, mode, args.wrap,
-                                        args.iterations)
-    except module_mode.ModuleError as exc:
-        raise UsageFailure(str(exc)) from None
-    except module_mode.NotReproducible as exc:  # no verdict: never counted as a pass
-        print(f"{target.name} {args.factory}: cannot judge: {exc}")
-        return 1
-    except (Exception, SystemExit) as exc:  # the impl raised: a result, not a crash
-        print(f"{target.name} {args.factory}: error: {impls.one_line(exc)}")
-        return 1
-    summary = module_mode.summary(args.factory, target.name, device, capture, mode, result)
-    print(summary)
+    if args.wrap and all(t.name == module_mode.AS_BUILT for t in targets):
+        raise UsageFailure(f"--wrap selects what an impl checkpoints; --impl {module_mode.AS_BUILT} checkpoints what "
+                           "the model itself does (name another impl beside it for --wrap to apply)")
+    runs = [(factory, target, capture, mode) for factory in args.factory for target in targets
+            for capture in captures for mode in (modes[:1] if target.name == module_mode.AS_BUILT else modes)]
+    records: list[dict[str, Any]] = []
+    for number, (factory, target, capture, mode) in enumerate(runs):
+        try:
+            wrap = None if target.name == module_mode.AS_BUILT else args.wrap  # the model's own choice
+            result = module_mode.run_module(factory, target.adapter, device, capture, mode, wrap,
+                                            args.iterations, name=target.name)
+        except module_mode.ModuleError as exc:
+            raise UsageFailure(str(exc)) from None
+        print(("\n" if number else "") + module_report.summary(factory, target.name, device, capture, mode, result),
+              flush=True)
+        version = None if target.name == module_mode.AS_BUILT else adapter_version(target.adapter)
+        records.append(module_report.record(result, factory, target.name, version, device, capture, mode,
+                                            wrap, must_support=result.must_support))
+    counts = Counter(r["verdict"] for r in records)
+    if len(records) > 1:
+        print(f"\n{len(records)} runs: " + ", ".join(f"{counts[v]} {v}" for v in reporting.VERDICTS if counts[v]))
     if args.report_dir:
-        module_mode.write_report(Path(args.report_dir), args.factory, target.name, device, capture, mode, result)
-        print(f"report: {args.report_dir}")
+        written = reporting.write(records, Path(args.report_dir))
+        print(f"report: {written}")
     if args.script:
-        Path(args.script).write_text(module_mode.script(args.factory, target.name, device, capture, mode,
-                                                        args.wrap, args.iterations))
+        argv = [a for a in (args.raw_argv or []) if a]
+        Path(args.script).write_text(module_report.script(_without_outputs(argv)))
         print(f"script: {args.script} (python {args.script}; exit 1 when the divergence reproduces)")
-    return 0 if result.passed else 1
+    idle = proved_nothing(targets, records)
+    for line in idle:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if counts["fail"] or idle else 0
+
+
+def _without_outputs(argv: Sequence[str]) -> list[str]:
+    """`argv` less --script and --report-dir (and their values): what a script repeats."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--script", "--report-dir"):
+            skip = True
+            continue
+        if arg.startswith(("--script=", "--report-dir=")):
+            continue
+        out.append(arg)
+    return out
 
 
 COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
@@ -461,6 +500,7 @@ COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m harness`` and ``ckpt-harness``; returns the exit status."""
     args = _parser().parse_args(argv)
+    args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return COMMANDS[args.command](args)
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours

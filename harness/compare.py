@@ -118,6 +118,43 @@ def bitwise_diff(
     )
 
 
+def scaled_difference(got: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """The largest element difference of two floating tensors of one shape and dtype, in units of
+    the dtype's machine epsilon times the larger tensor's largest magnitude: a different order of
+    floating-point sums over such terms differs by a few of these units.  0.0 for tensors with no
+    magnitude; None where dtype or shape differ, for non-floating tensors and non-finite values."""
+    if got.dtype != expected.dtype or got.shape != expected.shape or not got.is_floating_point():
+        return None
+    a, b = got.detach().double().cpu(), expected.detach().double().cpu()
+    if a.numel() == 0:
+        return 0.0
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return None
+    scale = max(float(a.abs().max()), float(b.abs().max()))
+    if scale == 0.0:
+        return 0.0
+    return float((a - b).abs().max()) / (scale * torch.finfo(got.dtype).eps)
+
+
+# A repeat as likely as this (or likelier) can be chance; below it, a repeated mask is stale RNG.
+CHANCE_OF_REPEAT = 1e-6
+
+
+def repeat_chance(now: torch.Tensor, before: torch.Tensor) -> float:
+    """How likely an independent draw repeats `before` exactly, for a Bernoulli mask (bool, or
+    values 0 and 1 only, as ``bernoulli_`` draws): (p^2 + (1-p)^2)^n, p the fraction of ones over
+    both, n the elements of one.  0.0 for anything else (a random float tensor, indices, a Philox
+    seed and offset): those never repeat by chance."""
+    values = torch.cat([now.detach().reshape(-1), before.detach().reshape(-1)])
+    if values.numel() == 0 or values.is_complex():
+        return 0.0
+    if values.dtype != torch.bool:
+        if not bool(((values == 0) | (values == 1)).all()):
+            return 0.0
+    p = float((values != 0).double().mean())
+    return (p * p + (1 - p) * (1 - p)) ** now.numel()
+
+
 def any_differences(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
     """For each pair, whether dtype, shape or any bit differs; one host sync per device in all.
 

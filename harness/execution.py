@@ -27,8 +27,8 @@ INTERRUPTED = 130  # exit status after Ctrl-C: the shell's status for a process 
 
 __all__ = [
     "INTERRUPTED",
-    "CaseRun", "Target", "UsageError", "check_selection", "cuda_visible", "load_targets",
-    "proved_nothing", "resolve_devices", "run_case",
+    "CaseRun", "Target", "UsageError", "adapter_version", "check_selection", "cuda_visible", "load_targets",
+    "must_support", "proved_nothing", "resolve_devices", "run_case",
 ]
 
 
@@ -133,14 +133,15 @@ def load_targets(values: Sequence[str] | str | None, *, allow_unsupported: bool 
     return targets
 
 
-def _version(adapter: Any) -> str | None:
+def adapter_version(adapter: Any) -> str | None:
+    """The adapter's version, None where reading it raises."""
     try:
         return getattr(adapter, "version", None)
     except (Exception, SystemExit):
         return None
 
 
-def _must_support(adapter: Any, case: Case) -> bool:
+def must_support(adapter: Any, case: Case) -> bool:
     """Whether an unsupported answer for `case` is a failure: the adapter must support every case
     (`must_support_all`) and has not declared this one a known limit (`limit`)."""
     if not getattr(adapter, "must_support_all", False):
@@ -162,7 +163,7 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
     entry = expectations_mod.find(entries, target.name, result.case.id, version=record.get("impl_version"))
     judgement = expectations_mod.judge(
         result.outcome.value, [m.oracle for m in result.mismatches], result.error, entry,
-        impl=target.name, must_support_all=_must_support(target.adapter, result.case),
+        impl=target.name, must_support_all=must_support(target.adapter, result.case),
         reason=result.reason,
     )
     failure = entry if entry is not None and not entry.expects_pass else None  # a pass entry expects none
@@ -185,7 +186,7 @@ def run_case(target: Target, case: Case, entries: Sequence[expectations_mod.Expe
     """
     if worker is not None:
         result = worker.run(case, target.name, iterations or case.program.iterations)
-        result.impl_version = _version(target.adapter)
+        result.impl_version = adapter_version(target.adapter)
     else:
         result = run(case, target.adapter, iterations, timeline=timeline, name=target.name)
     result.impl = target.name

@@ -51,8 +51,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "cases" / "expectations.toml"
 FAILURE_OUTCOMES = ("mismatch", "error", "crash", "timeout")
 OUTCOMES = ("pass", *FAILURE_OUTCOMES)
-ORACLES = ("forward-mask", "recompute-mask", "gradient", "live-stream", "fresh-randomness", "output",
-           "identity")
+ORACLES = ("forward-mask", "recompute-mask", "gradient", "buffer", "live-stream", "fresh-randomness",
+           "output", "identity")
 ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracles", "message"}
 
 

@@ -1,35 +1,50 @@
 """Your own model under test: `python -m harness module PKG.MOD:FACTORY --impl NAME`.
 
 ``FACTORY()`` returns a `ModelCase` (or a tuple ``(module, inputs)``): an ``nn.Module`` and its
-example inputs (a tensor, a tuple of positional inputs, or a dict of keyword inputs).  A factory
-with a parameter named ``rng_tracker`` is given the impl's own RNG tracker object for that build
-(TransformerEngine's or Megatron-core's ``CudaRNGStatesTracker``, the bundled
-``RNGStatesTracker``): the factory adds the streams its model forks, as a training script would,
-and hands the tracker to its layers (``get_rng_state_tracker=lambda: rng_tracker``).  The
-harness adds its own tracked stream too (``model-parallel``), so a tracker the model never forks
-is still checked for being left where it was.  The harness builds the module three times from the
-same RNG states (the factory is called after the same seeding, each time with a fresh tracker;
-the builds must have bit-identical parameters): the reference, a second reference, and the
-checkpointed module.  The reference runs twice and must agree with itself bit for bit, or no
-oracle can judge the model (`NotReproducible`).  It wraps the forward of every submodule whose
-``named_modules()`` path matches ``--wrap`` (glob; default ``""``: the whole module) in the impl's
-checkpoint, and runs both for K iterations under the capture mode asked for (the executors of
-`harness.capture`).  Per iteration it compares, bit for bit, through the oracles of
-`harness.oracles`:
+example inputs (a tensor, a tuple of positional inputs, or a dict of keyword inputs).  Two
+parameters of a factory mean something:
+
+* ``rng_tracker``: it is given the impl's own RNG tracker object for that build
+  (TransformerEngine's or Megatron-core's ``CudaRNGStatesTracker``, the bundled
+  ``RNGStatesTracker``); the factory adds the streams its model forks, as a training script would,
+  and hands the tracker to its layers.  The harness adds its own tracked stream too
+  (``model-parallel``), so a tracker the model never forks is still checked for being left where
+  it was.
+* ``checkpointing``: the model can checkpoint itself, as transformers' and timm's models do
+  (``gradient_checkpointing_enable()``, ``set_grad_checkpointing()``).  Under ``--impl as-built``
+  the reference builds get ``checkpointing=False`` and the build under test ``checkpointing=True``,
+  and the library's own checkpointing is what is judged; under any other impl every build gets
+  ``False`` and the impl checkpoints what ``--wrap`` selects.
+
+The harness builds the module three times from the same RNG states (the builds must have
+bit-identical parameters and buffers): the reference, a second reference, and the build under
+test.  The reference runs twice and must agree with itself bit for bit, or no oracle can judge the
+model (outcome ``skipped``, "cannot judge").  Under an impl, the forward of every submodule whose
+``named_modules()`` path matches a ``--wrap`` pattern (`wrapped_paths`: ``*`` one path component,
+``**`` any number of them; default ``""``, the whole module) is run through the impl's checkpoint;
+keyword arguments reach a reentrant checkpoint bound with ``functools.partial``, as transformers
+binds them.  Before the build under test runs, the impl is asked whether it supports what the
+reference did (`module_case`: the mode, the capture, the RNG ops the model drew); a declared limit
+is outcome ``unsupported`` with its reason.  Per iteration, bit for bit, through `harness.oracles`:
 
 * every RNG draw: a dispatch mode records each op tagged ``nondeterministic_seeded`` with the
   submodule path running it, in forward and in recompute, under the name ``PATH (aten::op)``, by
-  what it drew (`rng_output`: dropout's mask, fused attention's Philox seed and offset);
-  forward draws are compared with the reference's (``forward-mask``) and recompute draws with the
-  forward's (``recompute-mask``; a draw inside a wrapped submodule that is never recomputed is a
-  failure too);
+  what it drew (`rng_output`: dropout's mask, fused attention's Philox seed and offset).  Paths
+  come from each submodule's ``forward`` (not its hooks), so a recompute that calls ``forward``
+  directly is seen too.  Forward draws are compared with the reference's (``forward-mask``) and
+  recompute draws with the forward's (``recompute-mask``); a draw inside a checkpointed submodule
+  that the reference made in that iteration and the recompute never redrew is a failure too.
+  Which submodules are checkpointed: the wrapped ones under an impl; under ``as-built``, every
+  submodule whose forward ran again in backward (and no parent of it did) in that iteration;
 * the outputs and the loss (``output``), the gradients of the inputs and of every parameter
-  (``gradient``), every live stream after backward, tracker streams included (``live-stream``),
-  tracker stream identity, and that forward draws change between iterations.
+  (``gradient``), every buffer (``buffer``: running statistics and counters), every live stream
+  after backward, tracker streams included (``live-stream``), tracker stream identity, and that
+  forward draws change between iterations where the reference's did.
 
 The loss is the sum of every floating output times a fixed random weight (from a private
 generator), or the case's own ``loss(output)``.  `first_divergent_draw` names the first draw that
-went wrong, in the order the draws happened.
+went wrong, in the order the draws happened; a difference with no divergent draw and every stream
+where the reference's is gets a diagnosis instead (`diagnose`: numerical, or module state).
 
 What the draw log cannot see: RNG drawn inside a kernel that is not an aten op tagged
 ``nondeterministic_seeded`` (cuDNN fused attention's dropout, for one) is not a draw of the log,
@@ -41,10 +56,13 @@ runs eagerly, in the reference and the checkpointed run alike.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import importlib
 import inspect
-from dataclasses import dataclass
-from pathlib import Path
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -53,14 +71,17 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from . import ops
 from .capture import execute
+from .cases import Capture, Case, Device, Interleave, Layout, Mode
+from .checkpoint import RNGStatesTracker
 from .checkpoint.stash import is_seeded
+from .compare import Mismatch, scaled_difference
+from .execution import must_support
 from .impls import one_line
-from .cases import Capture, Layout, Mode
-from .compare import Mismatch
+from .module_report import AS_BUILT
 from .oracles import check
-from .programs import Op
+from .programs import Op, ProgramError, parse_program
 from .records import FORWARD, LOSS, RECOMPUTE, MaskLog, RunRecord
-from .runner import NotReproducible, TrackedRun, reproduction_difference
+from .runner import NotReproducible, TrackedRun, declared_unsupported, reproduction_difference
 from .streams import preserved_global_rng, stream_objects
 from .workload import make_tracker_streams, seed_all
 
@@ -71,6 +92,7 @@ class ModuleError(ValueError):
 
 
 TRACKER_PARAMETER = "rng_tracker"  # the factory parameter that receives the impl's tracker
+CHECKPOINTING_PARAMETER = "checkpointing"  # the factory parameter that turns the model's own on
 
 
 @dataclass
@@ -83,7 +105,24 @@ class ModelCase:
     loss: Callable[[Any], torch.Tensor] | None = None
 
 
-def load_factory(path: str) -> Callable[[], Any]:
+class AsBuilt:
+    """``--impl as-built``: no checkpoint of ours; the model's own checkpointing (its factory's
+    ``checkpointing=True``) is what is judged.  Its tracker is the bundled one, for a factory that
+    takes ``rng_tracker``."""
+
+    name = AS_BUILT
+    description = "the model's own checkpointing: its factory built with checkpointing=True"
+    as_built = True
+    version = None
+
+    def make_tracker(self, device: Any) -> Any:
+        return RNGStatesTracker(device)
+
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        raise TypeError("as-built wraps nothing: the model checkpoints itself")
+
+
+def load_factory(path: str) -> Callable[..., Any]:
     """The factory ``PKG.MOD:FACTORY`` names; `ModuleError` (one line) when it cannot be had."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
@@ -98,12 +137,17 @@ def load_factory(path: str) -> Callable[[], Any]:
     return factory
 
 
+def takes(factory: Callable[..., Any], parameter: str) -> bool:
+    """True when `factory` has a parameter named `parameter` (``rng_tracker``, ``checkpointing``)."""
+    try:
+        return parameter in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a callable without a signature takes nothing of ours
+        return False
+
+
 def takes_tracker(factory: Callable[..., Any]) -> bool:
     """True when `factory` has a parameter named ``rng_tracker`` (it is then given the impl's tracker)."""
-    try:
-        return TRACKER_PARAMETER in inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # a callable without a signature takes no tracker
-        return False
+    return takes(factory, TRACKER_PARAMETER)
 
 
 def new_tracker(impl: Any, device: torch.device) -> Any:
@@ -114,15 +158,19 @@ def new_tracker(impl: Any, device: torch.device) -> Any:
     return tracker
 
 
-def build(factory: Callable[..., Any], path: str, device: torch.device, tracker: Any = None) -> ModelCase:
+def build(factory: Callable[..., Any], path: str, device: torch.device, tracker: Any = None,
+          checkpointing: bool = False) -> ModelCase:
     """Call `factory` after seeding every generator (so two builds are the same), passing it the
-    upstream object of `tracker` when it takes ``rng_tracker``, and check what it returns; the
-    module (in training mode) and its inputs are moved to `device`."""
-    kwargs = {}
+    upstream object of `tracker` when it takes ``rng_tracker`` and `checkpointing` when it takes
+    ``checkpointing``, and check what it returns; the module (in training mode) and its inputs
+    are moved to `device`."""
+    kwargs: dict[str, Any] = {}
     if takes_tracker(factory):
         if tracker is None:
             raise ModuleError(f"factory {path} takes {TRACKER_PARAMETER}, but this impl has no RNG tracker")
         kwargs[TRACKER_PARAMETER] = getattr(tracker, "real", tracker)  # the upstream object, not the harness's view
+    if takes(factory, CHECKPOINTING_PARAMETER):
+        kwargs[CHECKPOINTING_PARAMETER] = checkpointing
     seed_all()
     try:
         made = factory(**kwargs)
@@ -152,13 +200,27 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
+def path_matches(path: str, pattern: str) -> bool:
+    """Whether a ``named_modules()`` path matches a --wrap pattern, component by component:
+    ``*`` (and ``?``, ``[...]``) within one component, ``**`` any number of components (none
+    included); ``''`` is the whole module.  ``transformer.h.*`` is the blocks, not their insides."""
+    def match(parts: list[str], pats: list[str]) -> bool:
+        if not pats:
+            return not parts
+        if pats[0] == "**":
+            return any(match(parts[i:], pats[1:]) for i in range(len(parts) + 1))
+        return bool(parts) and fnmatch.fnmatchcase(parts[0], pats[0]) and match(parts[1:], pats[1:])
+
+    return match(path.split(".") if path else [], pattern.split(".") if pattern else [])
+
+
 def wrapped_paths(module: torch.nn.Module, patterns: list[str]) -> list[str]:
-    """The submodule paths (``named_modules()`` names, '' the whole module) matching any pattern;
-    `ModuleError` for a pattern that matches nothing."""
+    """The submodule paths (``named_modules()`` names, '' the whole module) matching any pattern
+    (`path_matches`); `ModuleError` for a pattern that matches nothing."""
     names = [name for name, _ in module.named_modules()]
     found: list[str] = []
     for pattern in patterns:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        hits = [n for n in names if path_matches(n, pattern)]
         if not hits:
             shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
             raise ModuleError(f"--wrap {pattern!r} matches no submodule; paths: {shown}")
@@ -219,18 +281,24 @@ class DrawLog(TorchDispatchMode):
 
 
 def draw_path(name: str) -> str:
-    """The submodule path of a draw name ``PATH (aten::op)``."""
-    return name.rsplit(" (", 1)[0]
+    """The submodule path of a draw name ``PATH (aten::op)`` ('' for the whole module's)."""
+    path = name.rsplit(" (", 1)[0]
+    return "" if path == "<module>" else path
+
+
+def _under(path: str, root: str) -> bool:
+    """True when submodule `path` is `root` or inside it ('' is the whole module)."""
+    return root == "" or path == root or path.startswith(root + ".")
 
 
 class ModuleSession(TrackedRun):
-    """One run of the module (reference, or checkpointed through `impl`), as the executors of
-    `harness.capture` drive it (the `capture.Step` protocol)."""
+    """One run of the module (reference, or under test), as the executors of `harness.capture`
+    drive it (the `capture.Step` protocol)."""
 
     def __init__(self, made: ModelCase, tracker: Any, device: torch.device, impl: Any, mode: Mode,
                  wrapped: list[str], loss_weights: list[torch.Tensor] | None = None) -> None:
         """`tracker`: the one `made` was built with (`new_tracker`); `wrapped`: the submodule paths
-        whose forward `impl` checkpoints (none: the reference)."""
+        whose forward `impl` checkpoints (none: the reference, or the model's own checkpointing)."""
         self.made, self.device, self.tracker = made, device, tracker
         seed_all()
         self.initial_tracker_states = self.tracker.get_states() if self.tracker is not None else {}
@@ -241,49 +309,67 @@ class ModuleSession(TrackedRun):
         self.params = dict(made.module.named_parameters())
         self.loss_weights = loss_weights
         self.wrapped = wrapped
-        self._hooks = self._track_paths()
+        # Iteration -> the paths whose forward ran in backward (a recompute); under capture the
+        # recompute runs once, while capturing, and holds for every replay.
+        self.recomputed: dict[int, set[str]] = {}
+        self.keywords: set[str] = set()  # paths whose forward was given keyword arguments
+        self._originals = self._track_paths()
         self._wrap(impl, mode)
 
     # -- set-up
 
-    def _track_paths(self) -> list[Any]:
-        def enter(name: str) -> Callable[..., None]:
-            return lambda module, args: self.stack.append(name)  # returns None: inputs unchanged
-
-        def leave(module: Any, args: Any, output: Any) -> None:  # None: the output is left as it is
-            self.stack.pop()
-
-        hooks = []
+    def _track_paths(self) -> list[tuple[torch.nn.Module, Any]]:
+        """Replace every submodule's ``forward`` by one that puts its path on the stack, notes a
+        run in backward and logs draws from inside whatever dispatch mode a checkpoint entered
+        around it.  ``forward``, not ``__call__`` hooks: a recompute may call ``forward`` directly."""
+        originals = []
         for name, sub in self.made.module.named_modules():
-            hooks.append(sub.register_forward_pre_hook(enter(name)))
-            hooks.append(sub.register_forward_hook(leave))
-        return hooks
-
-    def _wrap(self, impl: Any, mode: Mode) -> None:
-        modules = dict(self.made.module.named_modules())
-        for path in self.wrapped:
-            sub = modules[path]
             original = sub.forward
+            originals.append((sub, sub.__dict__.get("forward")))
 
-            def inner(*args: Any, _original: Callable = original, _path: str = path, **kwargs: Any) -> Any:
+            def tracked(*args: Any, _original: Callable = original, _path: str = name, **kwargs: Any) -> Any:
+                log = self.record.log
+                if log.phase == RECOMPUTE:
+                    self.recomputed.setdefault(log.iteration, set()).add(_path)
+                if kwargs:
+                    self.keywords.add(_path)
                 depth = len(self.stack)
-                self.stack.append(_path)  # the recompute calls this, not the module's __call__
+                self.stack.append(_path)
                 try:
-                    with DrawLog(self.record.log, self.stack, self.busy):  # inside the checkpoint's own modes
+                    with DrawLog(log, self.stack, self.busy):  # inside the checkpoint's own modes
                         return _original(*args, **kwargs)
                 finally:
                     # A recompute stopped early (torch's non-reentrant checkpoint raises inside a
-                    # submodule's forward) skips those submodules' forward hooks: drop their paths too.
+                    # submodule's forward) leaves inner paths behind: drop them too.
                     del self.stack[depth:]
 
-            def forward(*args: Any, _inner: Callable = inner, **kwargs: Any) -> Any:
-                return impl.checkpoint(_inner, *args, reentrant=mode is Mode.REENTRANT, tracker=self.tracker, **kwargs)
+            sub.forward = functools.wraps(original)(tracked)  # type: ignore[method-assign]
+        return originals
 
-            sub.forward = forward  # type: ignore[method-assign]
+    def _wrap(self, impl: Any, mode: Mode) -> None:
+        """Run the forward of every wrapped path through ``impl.checkpoint``.  A reentrant
+        checkpoint gets keyword arguments bound with ``functools.partial`` (as transformers binds
+        them): only positional tensors are its inputs."""
+        modules = dict(self.made.module.named_modules())
+        reentrant = mode is Mode.REENTRANT
+        for path in self.wrapped:
+            sub = modules[path]
+
+            def checkpointed(*args: Any, _forward: Callable = sub.forward, **kwargs: Any) -> Any:
+                if reentrant and kwargs:
+                    return impl.checkpoint(functools.partial(_forward, **kwargs), *args, reentrant=True,
+                                           tracker=self.tracker)
+                return impl.checkpoint(_forward, *args, reentrant=reentrant, tracker=self.tracker, **kwargs)
+
+            sub.forward = checkpointed  # type: ignore[method-assign]
 
     def close(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
+        """Give every submodule its own ``forward`` back."""
+        for sub, own in self._originals:
+            if own is None:
+                sub.__dict__.pop("forward", None)
+            else:
+                sub.forward = own  # type: ignore[method-assign]
 
     # -- the Step protocol
 
@@ -325,25 +411,54 @@ class ModuleSession(TrackedRun):
             loss.backward()
 
     def collect(self, iteration: int) -> None:
+        captured = self.recomputed.get(-2)  # capture.run_single / run_separate capture as iteration -2
+        if iteration not in self.recomputed and captured is not None:
+            self.recomputed[iteration] = set(captured)
         grads = {f"input.{n}": t.grad for n, t in enumerate(_tensors(self.inputs)) if t.requires_grad}
         grads.update({f"param.{name}": p.grad for name, p in self.params.items()})
-        self.keep(iteration, grads)
+        buffers = {name: b for name, b in self.made.module.named_buffers()}
+        self.keep(iteration, grads, buffers)
+
+    def checkpointed_roots(self, iteration: int) -> list[str]:
+        """The paths run again in backward in `iteration` none of whose parents was: the
+        submodules the model's own checkpointing recomputed."""
+        ran = self.recomputed.get(iteration, set())
+        return sorted(p for p in ran if not any(q != p and _under(p, q) for q in ran))
 
 
 @dataclass
 class ModuleResult:
-    """What `run_module` found: the mismatches (oracle order), the draws it saw and the first
-    divergent draw (None when the draws agree)."""
+    """What `run_module` found.
 
-    mismatches: list[Mismatch]
-    wrapped: list[str]
-    draws: list[str]
-    first_divergent: str | None
-    iterations: int
+    `outcome`: pass, mismatch, error (the impl raised: `error`, `traceback`, and the `warnings`
+    the run gave), unsupported (the impl declared a limit: `reason`) or skipped (no verdict:
+    `reason`).  `checkpointed`: the submodule paths checkpointed (wrapped, or as built);
+    `draws`: every draw name the reference made (in first-seen order); `draws_per_forward` the
+    draws of iteration 0's forward; `first_divergent` the first draw that went wrong, else
+    `diagnosis` says what differs with no draw to blame."""
+
+    outcome: str
+    checkpointed: list[str] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
+    draws: list[str] = field(default_factory=list)
+    draws_per_forward: int = 0
+    first_divergent: str | None = None
+    diagnosis: str = ""
+    iterations: int = 2
+    reason: str = ""
+    error: str = ""
+    traceback: str = ""
+    warnings: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    must_support: bool = False  # unsupported, by an impl that must run everything, with no limit declared
 
     @property
     def passed(self) -> bool:
-        return not self.mismatches
+        return self.outcome == "pass"
+
+    @property
+    def wrapped(self) -> list[str]:
+        return self.checkpointed
 
 
 def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -360,41 +475,129 @@ def _output_names(record: RunRecord) -> list[str]:
     return sorted({n for (_, n, _) in record.log.masks if n.startswith("output.")}) + [LOSS]
 
 
+def _draw_names(record: RunRecord, iteration: int | None = None) -> list[str]:
+    """The forward draw names of `record` (of one iteration, or of all), in first-seen order."""
+    return list(dict.fromkeys(n for (it, n, ph) in record.log.masks
+                              if ph == FORWARD and (iteration is None or it == iteration)
+                              and not n.startswith("output.") and n != LOSS))
+
+
+# The seeded aten ops a model draws with -> the matrix's op of the same kind, for an impl's
+# `supports` and `limit` (which read a case's program).
+ATEN_OPS = {
+    "aten::native_dropout": Op.NATIVE_DROPOUT, "aten::bernoulli_": Op.BERNOULLI, "aten::bernoulli": Op.BERNOULLI,
+    "aten::rand": Op.RAND, "aten::randn": Op.RANDN, "aten::rand_like": Op.RAND_LIKE, "aten::randint": Op.RANDINT,
+    "aten::normal_": Op.NORMAL, "aten::uniform_": Op.UNIFORM, "aten::multinomial": Op.MULTINOMIAL,
+    "aten::randperm": Op.RANDPERM,
+    "aten::_scaled_dot_product_efficient_attention": Op.SDPA_EFFICIENT,
+    "aten::_scaled_dot_product_flash_attention": Op.SDPA_FLASH,
+    "aten::_scaled_dot_product_cudnn_attention": Op.SDPA_CUDNN,
+}
+
+
+def module_case(mode: Mode, capture: Capture, device: torch.device, draws: list[str], keyword: bool,
+                tracked: bool) -> Case:
+    """The matrix case that says what an impl must handle to run this model: `mode` and
+    `capture`, one flat region holding a site per kind of RNG op the model drew (`ATEN_OPS`; ops
+    of no kind there are left out, and a model drawing none gets a site that draws nothing), passed
+    by keyword where a wrapped forward was given keyword arguments, in the mixed layout when the
+    model forks its own tracker streams (else the default layout)."""
+    found = {ATEN_OPS[n.rsplit(" (", 1)[1].rstrip(")")] for n in draws if n.rsplit(" (", 1)[-1].rstrip(")") in ATEN_OPS}
+    half = {Op.SDPA_FLASH, Op.SDPA_CUDNN}  # half-only kernels
+    sites = [f"{op.value}.bf16" if op in half else op.value for op in Op if op in found] or [Op.DROPOUT_P0.value]
+    spec = f"{'keyword' if keyword else ''}({'+'.join(sites)})"
+    try:
+        program = parse_program(spec)
+    except ProgramError as exc:  # a harness bug, not the user's: say what was built
+        raise AssertionError(f"module mode built an invalid spec {spec!r}: {exc}") from None
+    return Case(mode, Layout.MIXED if tracked else Layout.DEFAULT, capture, program, Interleave.NONE,
+                Device(device.type))
+
+
 def run_module(factory_path: str, impl: Any, device: str = "cpu", capture: Capture = Capture.EAGER,
-               mode: Mode = Mode.NONREENTRANT, wrap: list[str] | None = None, iterations: int = 2) -> ModuleResult:
-    """Run the factory's module under `impl` against the same module without checkpointing (both
-    built from the same RNG states) and compare them bit for bit (module doc).  Bad input is a
-    `ModuleError`; a model that does not reproduce itself without checkpointing is
-    `NotReproducible` (no verdict); anything the impl raises propagates to the caller."""
+               mode: Mode = Mode.NONREENTRANT, wrap: list[str] | None = None, iterations: int = 2,
+               name: str | None = None) -> ModuleResult:
+    """Run the factory's module under `impl` (or, for `AsBuilt`, its own checkpointing) against
+    the same module without checkpointing (both built from the same RNG states) and compare them
+    bit for bit (module doc).  Bad input is a `ModuleError`; everything else is a result: a model
+    that does not reproduce itself without checkpointing or an as-built model that recomputed
+    nothing is ``skipped``, a declared limit ``unsupported``, an impl that raises ``error``."""
+    start = time.perf_counter()
     factory = load_factory(factory_path)
+    as_built = bool(getattr(impl, "as_built", False))
+    if as_built and not takes(factory, CHECKPOINTING_PARAMETER):
+        raise ModuleError(f"--impl {AS_BUILT} needs a factory with a parameter {CHECKPOINTING_PARAMETER!r} "
+                          f"(False: the model without its own checkpointing, True: with it); {factory_path} has none")
+    if as_built and wrap:
+        raise ModuleError(f"--wrap does not apply to --impl {AS_BUILT}: the model checkpoints what it checkpoints")
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.init()
+    result = ModuleResult("pass", iterations=iterations)
+    seen: list[str] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _judge(factory, factory_path, impl, name or getattr(impl, "name", "?"), dev, capture, mode, wrap,
+                   iterations, as_built, result)
+    except ModuleError:
+        raise
+    except NotReproducible as exc:
+        result.outcome, result.reason = "skipped", f"cannot judge: {exc}"
+    except (Exception, SystemExit) as exc:  # the impl raised: a result, not a crash
+        result.outcome, result.error = "error", one_line(exc)
+        result.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
+    finally:
+        seen = list(dict.fromkeys(" ".join(str(w.message).split()) for w in caught))
+    if result.outcome == "error":
+        result.warnings = seen[:3]  # torch's warnings often say why (e.g. no input requires grad)
+    result.duration_s = time.perf_counter() - start
+    return result
+
+
+def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str, dev: torch.device,
+           capture: Capture, mode: Mode, wrap: list[str] | None, iterations: int, as_built: bool,
+           result: ModuleResult) -> None:
+    """The three builds and runs, the limit check and the oracles, into `result`."""
     # On CUDA, torch's deterministic mode (warn-only), as for the attention ops of the matrix: a
     # user's attention backward must not accumulate in a run-to-run order the checkpoint is not to blame for.
     deterministic = ops.determinism([Op.SDPA_EFFICIENT] if dev.type == "cuda" else [])
     with preserved_global_rng(), deterministic:
-        # The reference, a second reference, the checkpointed module: each tracker is made just
+        # The reference, a second reference, the build under test: each tracker is made just
         # before its build and run, because some impls' trackers are one global object
         # (Megatron-core's, DeepSpeed's) that making a tracker resets.
         first_state: dict[str, torch.Tensor] = {}
         wrapped: list[str] = []
         outputs: list[str] = []  # the output names and the loss, as the reference recorded them
         sessions: list[ModuleSession] = []
-        for role in ("reference", "second reference", "checkpointed"):
+        for role in ("reference", "second reference", "under test"):
             tracker = new_tracker(impl, dev)
-            made = build(factory, factory_path, dev, tracker)
+            made = build(factory, factory_path, dev, tracker, checkpointing=as_built and role == "under test")
             if not sessions:
                 first_state = _state(made.module)  # before a forward updates any buffer
-                wrapped = wrapped_paths(made.module, wrap or [""])  # bad patterns: bad input, before any run
+                if not as_built:  # bad patterns: bad input, before any run
+                    wrapped = wrapped_paths(made.module, wrap or [""])
             elif not _same_state(first_state, _state(made.module)):
                 raise ModuleError(f"factory {factory_path} is not deterministic: builds after the same seeding "
                                   "have different parameters or buffers")
+            if role == "under test" and not as_built:
+                reference = sessions[0]
+                keyword = mode is Mode.NONREENTRANT and bool(reference.keywords & set(wrapped))
+                case = module_case(mode, Capture(capture), dev, _draw_names(reference.record), keyword,
+                                   takes_tracker(factory))
+                unsupported = declared_unsupported(impl, name, case)
+                if unsupported:
+                    result.outcome, result.reason = "unsupported", unsupported
+                    result.must_support = must_support(impl, case)
+                    result.checkpointed = wrapped
+                    return
             loss_weights = sessions[0].loss_weights if sessions else None
-            session = ModuleSession(made, tracker, dev, impl, mode, wrapped if role == "checkpointed" else [],
+            session = ModuleSession(made, tracker, dev, impl, mode, wrapped if role == "under test" else [],
                                     loss_weights=loss_weights)
-            execute(capture, session, iterations)
-            session.close()
+            try:
+                execute(capture, session, iterations)
+            finally:
+                session.close()
             sessions.append(session)
             if role == "second reference":
                 outputs = _output_names(sessions[0].record)
@@ -405,19 +608,94 @@ def run_module(factory_path: str, impl: Any, device: str = "cpu", capture: Captu
                         f"oracle can judge the checkpoint: a second identical run differs ({difference}); make its "
                         "ops deterministic (torch.use_deterministic_algorithms, the library's own switches) and "
                         "run again")
-    reference, _, checkpointed = sessions
-    draws = [n for (it, n, ph) in reference.record.log.masks if it == 0 and ph == FORWARD
-             and not n.startswith("output.") and n != LOSS]
-    inside = [n for n in draws if any(_under(draw_path(n), path) for path in wrapped)]
-    mismatches = check(reference.record, checkpointed.record, inside, iterations, outputs, drawing=draws)
-    return ModuleResult(mismatches, wrapped, draws, first_divergent_draw(mismatches, draws), iterations)
+    reference, _, under_test = sessions
+    result.draws = _draw_names(reference.record)
+    result.draws_per_forward = sum(len(reference.record.draws(0, n, FORWARD)) for n in _draw_names(reference.record, 0))
+    if as_built:
+        roots = {it: under_test.checkpointed_roots(it) for it in range(iterations)}
+        result.checkpointed = sorted({p for paths in roots.values() for p in paths})
+        if not result.checkpointed:
+            result.outcome = "skipped"
+            result.reason = (f"cannot judge: the build with {CHECKPOINTING_PARAMETER}=True recomputed no submodule in "
+                             "backward, so its checkpointing never ran (is it on in training mode, for these inputs?)")
+            return
+    else:
+        roots = {it: wrapped for it in range(iterations)}
+        result.checkpointed = wrapped
+
+    def sites(it: int) -> list[str]:
+        """The reference's draws of iteration `it` inside a checkpointed submodule: only a draw
+        the reference made in that iteration must be redrawn by its recompute (layer drop)."""
+        return [n for n in _draw_names(reference.record, it) if any(_under(draw_path(n), r) for r in roots[it])]
+
+    result.mismatches = check(reference.record, under_test.record, sites, iterations, outputs, drawing=result.draws)
+    result.outcome = "mismatch" if result.mismatches else "pass"
+    result.first_divergent = first_divergent_draw(result.mismatches, result.draws)
+    if result.mismatches and result.first_divergent is None:
+        result.diagnosis = diagnose(result.mismatches, reference.record, under_test.record)
 
 
-def _under(path: str, wrapped: str) -> bool:
-    """True when submodule `path` is `wrapped` or inside it."""
-    if path == "<module>":
-        return wrapped == ""
-    return wrapped == "" or path == wrapped or path.startswith(wrapped + ".")
+# The largest scaled difference (`compare.scaled_difference`: machine epsilons of the tensor's
+# largest magnitude) read as rounding: another order of floating-point sums over terms of that
+# magnitude stays well inside it; a value computed from other inputs does not.
+ROUNDING_EPS = 1024
+
+# Oracles that see RNG: a failure of any of these is an RNG failure, whatever else differs.
+RNG_ORACLES = ("forward-mask", "recompute-mask", "live-stream", "fresh-randomness", "identity")
+
+
+def diagnose(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRecord) -> str:
+    """What differs when no RNG draw does: '' when an RNG oracle failed; else which gradients,
+    outputs and buffers differ, how far apart (`compare.scaled_difference`), and what that
+    suggests.  It describes; it never changes the outcome."""
+    if any(m.oracle in RNG_ORACLES for m in mismatches):
+        return ""
+    parts = []
+    numeric = [m for m in mismatches if m.oracle in ("gradient", "output")]
+    # Per tensor (a gradient or output name), its largest scaled difference over the iterations.
+    worst: dict[str, float | None] = {}
+    for m in numeric:
+        value = _scaled(reference, under_test, m)
+        before = worst.get(m.subject, 0.0)
+        worst[m.subject] = None if value is None or before is None else max(before, value)
+    for oracle, label in (("gradient", "gradients"), ("output", "outputs")):
+        names = list(dict.fromkeys(m.subject for m in numeric if m.oracle == oracle))
+        if names:
+            parts.append(f"{len(names)} {label} differ")
+    state = [m for m in mismatches if m.oracle == "buffer"]
+    if state:
+        parts.append(f"{len({m.subject for m in state})} buffers differ")
+    text = "no RNG draw differs and every stream ends where the reference's does: " + "; ".join(parts)
+    if numeric:
+        far = {n: v for n, v in worst.items() if v is None or v > ROUNDING_EPS}
+        if not far:
+            text += (f". Rounding-sized (each within {ROUNDING_EPS} eps of its tensor's largest magnitude), not RNG: "
+                     "the checkpointed run adds the same terms in another order (a tensor's gradients from several "
+                     "uses, as a reentrant checkpoint accumulates them), not other random numbers")
+        else:
+            name, value = max(far.items(), key=lambda item: float("inf") if item[1] is None else item[1])
+            how = "not comparable" if value is None else f"{value:.3g} eps of its largest magnitude apart"
+            text += (f". {len(worst) - len(far)} of {len(worst)} are rounding-sized (within {ROUNDING_EPS} eps of "
+                     f"their largest magnitude); {len(far)} further, the furthest {name} ({how}): a tensor of "
+                     "cancelling terms near zero (a key bias's gradient under softmax), or values computed from other "
+                     "inputs than the forward's (state the forward changed, such as a KV cache left on, or an input "
+                     "the checkpoint did not pass on)")
+    if state:
+        text += (". Module state: the recompute updated buffers again (BatchNorm's running statistics and "
+                 "counter are updated by every forward in training mode)")
+    return text
+
+
+def _scaled(reference: RunRecord, under_test: RunRecord, m: Mismatch) -> float | None:
+    """`compare.scaled_difference` of the two runs' tensors behind a gradient or output mismatch."""
+    if m.oracle == "gradient":
+        got, expected = under_test.grads.get(m.iteration, {}).get(m.subject), reference.grads.get(m.iteration, {}).get(m.subject)
+    else:
+        got_all, expected_all = under_test.draws(m.iteration, m.subject, FORWARD), reference.draws(m.iteration, m.subject, FORWARD)
+        got, expected = (got_all[0], expected_all[0]) if got_all and expected_all else (None, None)
+    if got is None or expected is None:
+        return None
+    return scaled_difference(got, expected)
 
 
 def first_divergent_draw(mismatches: list[Mismatch], draws: list[str]) -> str | None:
@@ -442,67 +720,3 @@ def first_divergent_draw(mismatches: list[Mismatch], draws: list[str]) -> str | 
     path, _, op = name.rpartition(" (")
     what = f"{m.count}/{m.total} elements differ" if m.total else m.detail
     return f"{phase} draw {k} of {path} ({op.rstrip(')')}): {what} (iteration {m.iteration})"
-
-
-def _head(factory: str, impl: str, device: str, capture: Capture, mode: Mode) -> str:
-    return f"{impl} {factory} ({device}, {capture.value}, {mode.value})"
-
-
-def summary(factory: str, impl: str, device: str, capture: Capture, mode: Mode, result: ModuleResult) -> str:
-    """The text `harness module` prints: the verdict, the first divergent draw, then the
-    mismatches grouped by oracle (as `repro` shows them)."""
-    lines = [f"{_head(factory, impl, device, capture, mode)}: {'pass' if result.passed else 'mismatch'}",
-             f"wrapped: {', '.join(repr(p) for p in result.wrapped)}; {len(result.draws)} RNG draws per forward, "
-             f"{result.iterations} iterations"]
-    if result.first_divergent:
-        lines.append(f"first divergent draw: {result.first_divergent}")
-    by_oracle: dict[str, list[str]] = {}
-    for m in result.mismatches:
-        by_oracle.setdefault(m.oracle, []).append(m.message())
-    for oracle, found in by_oracle.items():
-        lines += ["", f"{oracle} ({len(found)}):", *(f"  {line}" for line in found)]
-    return "\n".join(lines)
-
-
-def write_report(directory: Path, factory: str, impl: str, device: str, capture: Capture, mode: Mode,
-                 result: ModuleResult) -> None:
-    """``result.json`` (verdict, first divergent draw, every mismatch) and ``summary.md`` in `directory`."""
-    import json
-
-    directory.mkdir(parents=True, exist_ok=True)
-    data = {"factory": factory, "impl": impl, "device": device, "capture": capture.value, "mode": mode.value,
-            "outcome": "pass" if result.passed else "mismatch", "wrapped": result.wrapped,
-            "draws": result.draws, "first_divergent_draw": result.first_divergent,
-            "iterations": result.iterations, "mismatches": [m.to_dict() for m in result.mismatches]}
-    (directory / "result.json").write_text(json.dumps(data, indent=1) + "\n")
-    text = summary(factory, impl, device, capture, mode, result)
-    (directory / "summary.md").write_text(f"# harness module\n\n```\n{text}\n```\n")
-
-
-SCRIPT = '''"""Reproduces `python -m harness module {factory} --impl {impl}` ({device}, {capture}, {mode}).
-
-It imports your factory and runs it through ckpt-rng-harness's module mode; exit 1 when the
-checkpointed module still differs from the one without checkpointing, 0 when it agrees.
-"""
-
-import sys
-
-from harness.cases import Capture, Mode
-from harness.impls import load
-from harness.module_mode import run_module, summary
-
-FACTORY = {factory!r}
-IMPL = {impl!r}
-
-result = run_module(FACTORY, load(IMPL), device={device!r}, capture=Capture({capture!r}), mode=Mode({mode!r}),
-                    wrap={wrap!r}, iterations={iterations!r})
-print(summary(FACTORY, IMPL, {device!r}, Capture({capture!r}), Mode({mode!r}), result))
-sys.exit(0 if result.passed else 1)
-'''
-
-
-def script(factory: str, impl: str, device: str, capture: Capture, mode: Mode, wrap: list[str] | None,
-           iterations: int) -> str:
-    """A Python script that repeats this module run (it imports the factory through the harness)."""
-    return SCRIPT.format(factory=factory, impl=impl, device=device, capture=capture.value, mode=mode.value,
-                         wrap=wrap or [""], iterations=iterations)

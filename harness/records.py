@@ -71,12 +71,14 @@ class RunRecord:
     """What one run (reference or checkpointed) left behind, per iteration.
 
     `log` holds RNG outputs (by site), region outputs (by region name) and the loss (``loss``);
+    `grads` and `buffers` copies of the gradients and of the model's buffers after each backward;
     `objects_before` / `objects` the state object behind each tracker stream name before the run
     and after each iteration's backward; `watch` which streams each eager site draw advanced.
     """
 
     log: MaskLog
     grads: dict[int, dict[str, torch.Tensor | None]] = field(default_factory=dict)
+    buffers: dict[int, dict[str, torch.Tensor | None]] = field(default_factory=dict)  # module mode's
     streams: dict[int, StreamSnapshot] = field(default_factory=dict)
     objects_before: dict[str, object] = field(default_factory=dict)
     objects: dict[int, dict[str, object]] = field(default_factory=dict)

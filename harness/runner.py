@@ -151,11 +151,14 @@ class TrackedRun:
     def generators(self) -> list[torch.Generator]:
         return self.tracker.generators() if self.tracker is not None and hasattr(self.tracker, "generators") else []
 
-    def keep(self, iteration: int, grads: dict[str, torch.Tensor | None]) -> None:
+    def keep(self, iteration: int, grads: dict[str, torch.Tensor | None],
+             buffers: dict[str, torch.Tensor] | None = None) -> None:
         """File this iteration's records (out of a graph's static buffers after a replay), copies of
-        `grads`, and every stream's state and object."""
+        `grads` and of the model's `buffers`, and every stream's state and object."""
         self.record.log.harvest(iteration)
         self.record.grads[iteration] = {k: (None if g is None else g.detach().clone()) for k, g in grads.items()}
+        if buffers is not None:
+            self.record.buffers[iteration] = {k: b.detach().clone() for k, b in buffers.items()}
         self.record.streams[iteration] = snapshot_streams(self.tracker)
         self.record.objects[iteration] = stream_objects(self.tracker)
 
@@ -267,7 +270,7 @@ def checkpointing(impl: Any, case: Case, name: str | None = None) -> Callable[[A
     return checkpoint_with
 
 
-def _declared_unsupported(impl: Any, name: str, case: Case) -> str | None:
+def declared_unsupported(impl: Any, name: str, case: Case) -> str | None:
     """The impl's `supports(case)`; one that raises or answers with a non-string is a fault."""
     supports = getattr(impl, "supports", None)
     if supports is None:
@@ -310,7 +313,7 @@ def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = F
         if fault is not None:
             raise fault
         skip = environment_skip(case)
-        unsupported = None if skip else _declared_unsupported(impl, name, case)
+        unsupported = None if skip else declared_unsupported(impl, name, case)
         if skip or unsupported:
             result.outcome = Outcome.SKIPPED if skip else Outcome.UNSUPPORTED
             result.reason = skip or unsupported or ""

@@ -216,3 +216,17 @@ ADAPTER_FAULTS = {
         "AdapterFault: adapter 'faulty_adapters:make_returns_wrong_shape': checkpoint returned a torch.float32 "
         "tensor of shape (1, 64) on cpu, expected a torch.float32 tensor of shape (64, 64) on cpu",
 }
+
+
+class BundledDecliningAll(BundledAdapter):
+    """The bundled checkpoint (must_support_all stays True) declaring everything unsupported,
+    with no limit declared."""
+
+    name = "bundled-declining-all"
+
+    def supports(self, case):
+        return "declined on purpose"
+
+
+def make_bundled_declining_all():
+    return BundledDecliningAll()

@@ -107,3 +107,50 @@ def backward_draw_factory():
     layers = torch.nn.Sequential(DrawsInBackward(), torch.nn.Linear(8, 8), torch.nn.Dropout(0.5),
                                  torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
     return layers, torch.rand(4, 8)
+
+
+class Embedded(torch.nn.Module):
+    """Token ids in, as a language model takes them: nothing of the input can require grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, ids):
+        return self.drop(self.embed(ids))
+
+
+def token_ids_factory():
+    return Embedded(), torch.randint(0, 16, (4, 8), generator=torch.Generator().manual_seed(2))
+
+
+class Masked(torch.nn.Module):
+    """A submodule called with a keyword argument (a mask), as transformer blocks are."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x, mask=None):
+        return self.drop(self.lin(x)) * mask
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Masked()
+        self.register_buffer("mask", (torch.arange(8) % 3 != 0).float())
+
+    def forward(self, x):
+        return self.inner(x, mask=self.mask)
+
+
+def masked_factory():
+    return Outer(), torch.rand(4, 8)
+
+
+def never_checkpointing(checkpointing=False):
+    """Takes `checkpointing` and ignores it: a model whose checkpointing never runs."""
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)), torch.rand(4, 8)

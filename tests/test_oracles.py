@@ -17,6 +17,7 @@ from harness.oracles import (
     ORACLES,
     Checks,
     RunRecord,
+    buffers,
     check,
     forward_masks,
     fresh_randomness,
@@ -69,7 +70,8 @@ def make_record(checkpointed: bool) -> RunRecord:
 
     Forward masks of s0 and s1, the output of region r0 and the loss per iteration; the
     checkpointed run also recomputes each site once, redrawing its forward mask.  Gradients
-    are ``input`` and ``weight.s0`` (which holds an exact +0.0 at [0, 0]); streams are a CPU
+    are ``input`` and ``weight.s0`` (which holds an exact +0.0 at [0, 0]); buffers a running mean
+    and a counter, as BatchNorm keeps; streams are a CPU
     state and a Philox-like tracker stream with one alias; every tracker name resolves to the
     same object before and after each iteration.
     """
@@ -89,6 +91,8 @@ def make_record(checkpointed: bool) -> RunRecord:
         weight_grad = _floats(30 + it)
         weight_grad[0, 0] = 0.0
         record.grads[it] = {"input": _floats(40 + it), "weight.s0": weight_grad}
+        record.buffers[it] = {"norm.running_mean": _floats(50 + it, (4,)),
+                              "norm.num_batches_tracked": torch.tensor(it + 1)}
         cpu = _gen(1234)
         torch.rand(it + 1, generator=cpu)
         record.streams[it] = StreamSnapshot(
@@ -135,8 +139,9 @@ SINGLE_ORACLES = {
     "forward-mask": lambda ref, ck, it, c: forward_masks(ref, ck, SITES, it, c, OUTPUTS),
     "recompute-mask": lambda ref, ck, it, c: recompute_masks(ck, SITES, it, c),
     "gradient": lambda ref, ck, it, c: gradients(ref, ck, it, c),
+    "buffer": lambda ref, ck, it, c: buffers(ref, ck, it, c),
     "live-stream": lambda ref, ck, it, c: live_streams(ref, ck, it, c),
-    "fresh-randomness": lambda ref, ck, it, c: fresh_randomness(ck, SITES, ITERATIONS, c) if it == 0 else None,
+    "fresh-randomness": lambda ref, ck, it, c: fresh_randomness(ref, ck, SITES, ITERATIONS, c) if it == 0 else None,
     "output": lambda ref, ck, it, c: outputs(ref, ck, OUTPUTS, it, c),
     "identity": lambda ref, ck, it, c: identity(ck, it, c),
 }
@@ -378,6 +383,86 @@ def test_fresh_randomness_stale_only_in_checkpointed_run_also_fails_forward_mask
     assert [(m.oracle, m.subject, m.iteration) for m in run_check(ref, ck)] == [
         ("forward-mask", "s0", 1), ("fresh-randomness", "s0", 1),
     ]
+
+
+def test_fresh_randomness_a_small_mask_the_reference_repeated_too_is_chance():
+    # Drop-path's per-sample mask at batch 4: 0/1 values, mostly ones, repeats by chance.
+    ref, ck = make_pair()
+    for record in (ref, ck):
+        for it in range(ITERATIONS):
+            set_mask(record, it, "s0", torch.tensor([1.0, 1.0, 1.0, 1.0]))
+    assert run_check(ref, ck) == []
+
+
+def test_fresh_randomness_a_small_mask_repeated_only_in_the_checkpointed_run_is_stale():
+    ref, ck = make_pair()
+    for it in range(ITERATIONS):
+        set_mask(ref, it, "s0", torch.tensor([1.0, 1.0, 1.0, float(it)]))
+        set_mask(ck, it, "s0", torch.tensor([1.0, 1.0, 1.0, 1.0]))
+    assert [(m.oracle, m.subject, m.iteration) for m in run_check(ref, ck)] == [
+        ("forward-mask", "s0", 0), ("fresh-randomness", "s0", 1),
+    ]
+
+
+def test_fresh_randomness_a_random_scalar_repeated_in_both_runs_is_stale():
+    # A float draw (layer drop's torch.rand([])) never repeats by chance, however small.
+    ref, ck = make_pair()
+    for record in (ref, ck):
+        for it in range(ITERATIONS):
+            set_mask(record, it, "s0", torch.tensor([0.37]))
+    one(run_check(ref, ck), "fresh-randomness", "s0", 1)
+
+
+def test_repeat_chance():
+    from harness.compare import repeat_chance
+
+    ones = torch.ones(4)
+    assert repeat_chance(ones, ones) == 1.0
+    assert repeat_chance(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])) == 0.25  # p = 1/2: (1/2)^2
+    big = torch.rand(64, 64, generator=_gen(5)) < 0.5
+    assert repeat_chance(big, big) < 1e-300
+    assert repeat_chance(torch.tensor([0.37]), torch.tensor([0.37])) == 0.0
+
+
+# ------------------------------------------------------------------------- per-iteration sites
+
+
+def test_sites_per_iteration_a_site_the_reference_skipped_need_not_be_recomputed():
+    # Layer drop: s1's layer ran in iteration 0 only, in both runs.
+    ref, ck = make_pair()
+    for record in (ref, ck):
+        for phase in (FORWARD, RECOMPUTE):
+            record.log.masks.pop((1, "s1", phase), None)
+    sites = {0: SITES, 1: ["s0"]}
+    assert check(ref, ck, lambda it: sites[it], ITERATIONS, OUTPUTS) == []
+    # Judged with iteration 0's sites in every iteration, it reads as never recomputed.
+    assert [(m.oracle, m.subject, m.iteration) for m in check(ref, ck, SITES, ITERATIONS, OUTPUTS)] == [
+        ("recompute-mask", "s1", 1)]
+
+
+def test_sites_per_iteration_a_site_drawn_only_in_a_later_iteration_is_checked_there():
+    ref, ck = make_pair()
+    ck.log.masks[(1, "s1", RECOMPUTE)][0] = ~ck.log.masks[(1, "s1", RECOMPUTE)][0]
+    sites = {0: ["s0"], 1: SITES}
+    assert [(m.oracle, m.subject, m.iteration) for m in check(ref, ck, lambda it: sites[it], ITERATIONS, OUTPUTS)] \
+        == [("recompute-mask", "s1", 1)]
+
+
+# ------------------------------------------------------------------------------------ buffer
+
+
+def test_buffer_updated_again_by_a_recompute():
+    ref, ck = make_pair()
+    ck.buffers[0]["norm.num_batches_tracked"] = torch.tensor(2)
+    m = one(run_check(ref, ck), "buffer", "norm.num_batches_tracked", 0)
+    assert (m.count, m.total) == (1, 1)
+
+
+def test_buffer_missing_in_the_checkpointed_run():
+    ref, ck = make_pair()
+    del ck.buffers[1]["norm.running_mean"]
+    m = one(run_check(ref, ck), "buffer", "norm.running_mean", 1)
+    assert m.detail == "no such buffer in the checkpointed run"
 
 
 # ------------------------------------------------------------------------------------ output

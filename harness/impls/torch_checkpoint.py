@@ -32,9 +32,11 @@ class TorchAdapter(Adapter):
 
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         with warnings.catch_warnings():
-            # A nested reentrant region runs inside its parent's no-grad forward, where torch warns
-            # that no input requires grad; the parent's recompute runs it again with grad.
-            warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
+            if not torch.is_grad_enabled():
+                # A nested reentrant region runs inside its parent's no-grad forward, where torch
+                # warns that no input requires grad; the parent's recompute runs it again with grad.
+                # With grad enabled the warning is real (it explains the error that follows): shown.
+                warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
             return torch.utils.checkpoint.checkpoint(
                 fn, *args, use_reentrant=reentrant, preserve_rng_state=True, **self.options(), **kwargs
             )

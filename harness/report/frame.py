@@ -96,7 +96,11 @@ def mismatches(record: Mapping[str, Any]) -> list[Mismatch]:
 
 
 def repro_command(record: Mapping[str, Any]) -> str:
-    """A copy-paste command that reruns one case alone."""
+    """A copy-paste command that reruns one case alone (for a module run, `harness module`)."""
+    if record.get("kind") == "module":
+        from ..module_report import record_command
+
+        return record_command(record)
     return f"python -m harness repro {shlex.quote(str(record['case_id']))} --impl {shlex.quote(str(record['impl']))}"
 
 

@@ -376,6 +376,13 @@ def _case_details(case: CaseNote) -> str:
         shown = tail.count("\n") + 1
         label = f"Traceback (last {shown} of {count} lines)" if shown < count else "Traceback"
         body.append(f'<p class="muted">{label}:</p><pre class="tb">{_e(tail)}</pre>')
+    if text(record, "first_divergent_draw"):
+        body.append(f"<p>First divergent draw: <code>{_e(record['first_divergent_draw'])}</code></p>")
+    if text(record, "diagnosis"):
+        body.append(f"<p>Diagnosis: {_e(record['diagnosis'])}</p>")
+    if text(record, "checkpointed"):
+        body.append(f'<p class="muted">Checkpointed: {_e(record["checkpointed"])}; {_e(record.get("draws_per_forward"))} '
+                    f"RNG draws per forward at {_e(record.get('draw_sites'))} sites</p>")
     if text(record, "reason") and name not in ("mismatch", "xfail"):
         body.append(f"<p>Reason: {_e(record['reason'])}</p>")
     body.append(_mismatch_table(record, verdict_name))

@@ -229,9 +229,14 @@ def what_failed(record: Mapping[str, Any]) -> str:
 
 def case_note(record: Mapping[str, Any]) -> str:
     """The one line said about a listed case: its `verdict_note` when it has one; else, for a
-    stale case, what it was expected to do, and for a failure, `what_failed`."""
+    module run, its first divergent draw or its diagnosis; else, for a stale case, what it was
+    expected to do, and for a failure, `what_failed`."""
     if text(record, "verdict_note"):
         return first_line(record["verdict_note"])
+    if text(record, "first_divergent_draw"):  # a module run: the draw to look at first
+        return f"first divergent draw: {first_line(record['first_divergent_draw'])}"
+    if text(record, "diagnosis"):
+        return first_line(record["diagnosis"])
     if record_verdict(record) == "stale":
         return f"expected to fail ({expectation_text(record)}) but passed"
     return what_failed(record)

@@ -1,0 +1,148 @@
+"""Module mode's results as text and as records: what `harness module` prints, the record each
+run adds to results.jsonl (the shape the matrix writes, so `harness report`, `merge` and
+`compare` read it), and the script that repeats a run.
+
+A module run's record is a case record: ``impl``, ``case_id``, the axes (``mode``, ``capture``,
+``device``; ``layout`` is ``module``, ``program`` the factory and its --wrap patterns,
+``interleave`` ``none``; the program factors empty), ``outcome``, ``reason``, ``error``,
+``mismatches``, ``verdict``; and what only a module run has: ``kind`` (``module``), ``factory``,
+``wrap``, ``checkpointed`` (the submodule paths), ``draws_per_forward``, ``draw_sites``,
+``first_divergent_draw`` and ``diagnosis``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .cases import AXES, Capture, Mode
+
+if TYPE_CHECKING:
+    from .module_mode import ModuleResult
+
+AS_BUILT = "as-built"  # the impl name that judges the model's own checkpointing
+SHOWN_PATHS = 8  # checkpointed paths a summary names before it counts the rest
+MODULE_LAYOUT = "module"  # the layout column of a module run's record: its own row in the matrices
+
+
+def program_name(factory: str, wrap: Sequence[str] | None) -> str:
+    """``examples.mlp:factory`` or ``model:gpt2[transformer.h.*]``: the factory and its --wrap patterns."""
+    patterns = [p for p in (wrap or []) if p]
+    return f"{factory}[{','.join(patterns)}]" if patterns else factory
+
+
+def mode_name(impl: str, mode: Mode) -> str:
+    """The mode column: the checkpoint mode asked for, or ``as-built`` (the library chose its own)."""
+    return AS_BUILT if impl == AS_BUILT else mode.value
+
+
+def case_id(factory: str, impl: str, device: str, capture: Capture, mode: Mode, wrap: Sequence[str] | None) -> str:
+    """``nonreentrant-module-eager-examples.mlp:factory-none-cpu``: the matrix's id order."""
+    return "-".join([mode_name(impl, mode), MODULE_LAYOUT, capture.value, program_name(factory, wrap), "none", device])
+
+
+def _verdict(outcome: str) -> str:
+    return {"pass": "pass", "unsupported": "skip", "skipped": "skip"}.get(outcome, "fail")
+
+
+def record(result: "ModuleResult", factory: str, impl: str, version: str | None, device: str, capture: Capture,
+           mode: Mode, wrap: Sequence[str] | None, must_support: bool = False) -> dict[str, Any]:
+    """The results.jsonl record of one module run.  `must_support`: an unsupported answer is a
+    failure (an impl that must run everything and declared no limit for this model)."""
+    verdict = _verdict(result.outcome)
+    note = ""
+    if result.outcome == "unsupported" and must_support:
+        verdict, note = "fail", f"{impl} must support every case; it declared no limit for this one"
+    error = result.error + "".join(f"\n(warning: {w})" for w in result.warnings)
+    return {
+        "case_id": case_id(factory, impl, device, capture, mode, wrap),
+        "impl": impl, "impl_version": version,
+        **{axis: "" for axis in AXES},
+        "mode": mode_name(impl, mode), "layout": MODULE_LAYOUT, "capture": capture.value,
+        "interleave": "none", "device": device, "program": program_name(factory, wrap),
+        "outcome": result.outcome, "reason": result.reason, "error": error, "traceback": result.traceback,
+        "mismatches": [m.to_dict() for m in result.mismatches],
+        "duration_s": round(result.duration_s, 6), "timings": {}, "iterations": result.iterations,
+        "kind": "module", "factory": factory, "wrap": list(wrap or []),
+        "checkpointed": ", ".join(repr(p) for p in result.checkpointed),
+        "draws_per_forward": result.draws_per_forward, "draw_sites": len(result.draws),
+        "first_divergent_draw": result.first_divergent or "", "diagnosis": result.diagnosis,
+        "verdict": verdict, "verdict_note": note, "expected_failure": "", "expected_issue": "",
+        "expected_outcome": "", "expected_oracles": [],
+    }
+
+
+def command(factory: str, impl: str, device: str, capture: Capture | str, mode: Mode | str,
+            wrap: Sequence[str] | None, iterations: int | None = None) -> str:
+    """The command line that repeats one module run."""
+    capture = capture.value if isinstance(capture, Capture) else capture
+    mode = mode.value if isinstance(mode, Mode) else mode
+    parts = ["python -m harness module", shlex.quote(factory), "--impl", shlex.quote(impl), "--device", device,
+             "--capture", capture]
+    if mode != AS_BUILT:
+        parts += ["--mode", mode]
+    for pattern in wrap or []:
+        parts += ["--wrap", shlex.quote(pattern)]
+    if iterations and iterations != 2:
+        parts += ["--iterations", str(iterations)]
+    return " ".join(parts)
+
+
+def record_command(rec: dict[str, Any]) -> str:
+    """`command` for a module run's record."""
+    return command(str(rec["factory"]), str(rec["impl"]), str(rec.get("device", "cpu")), str(rec.get("capture", "eager")),
+                   str(rec.get("mode", "nonreentrant")), rec.get("wrap") or [], rec.get("iterations"))
+
+
+def head(factory: str, impl: str, device: str, capture: Capture, mode: Mode) -> str:
+    return f"{impl} {factory} ({device}, {capture.value}, {mode_name(impl, mode)})"
+
+
+def summary(factory: str, impl: str, device: str, capture: Capture, mode: Mode, result: "ModuleResult") -> str:
+    """The text `harness module` prints for one run: the outcome (and its reason or error), what
+    was checkpointed and drawn, the first divergent draw (or the diagnosis), then the mismatches
+    grouped by oracle (as `repro` shows them)."""
+    lines = [f"{head(factory, impl, device, capture, mode)}: {result.outcome}"]
+    if result.reason:
+        lines.append(result.reason)
+    if result.error:
+        lines.append(f"error: {result.error}")
+        lines += [f"torch warned: {w}" for w in result.warnings]
+    if result.outcome in ("pass", "mismatch"):
+        what = "checkpointed" if impl == AS_BUILT else "wrapped"
+        paths = result.checkpointed
+        shown = ", ".join(repr(p) for p in paths[:SHOWN_PATHS]) or "nothing"
+        if len(paths) > SHOWN_PATHS:
+            shown += f", ... ({len(paths)} in all)"
+        lines.append(f"{what}: {shown}; {result.draws_per_forward} RNG draws per forward at "
+                     f"{len(result.draws)} sites, {result.iterations} iterations")
+    if result.first_divergent:
+        lines.append(f"first divergent draw: {result.first_divergent}")
+    elif result.diagnosis:
+        lines.append(result.diagnosis)
+    by_oracle: dict[str, list[str]] = {}
+    for m in result.mismatches:
+        by_oracle.setdefault(m.oracle, []).append(m.message())
+    for oracle, found in by_oracle.items():
+        lines += ["", f"{oracle} ({len(found)}):", *(f"  {line}" for line in found)]
+    return "\n".join(lines)
+
+
+SCRIPT = '''"""Repeats `{command}`.
+
+It imports your factory and runs it through ckpt-rng-harness's module mode; exit 1 when the
+checkpointed module still differs from the one without checkpointing, 0 when it agrees.
+"""
+
+import sys
+
+from harness.__main__ import main
+
+sys.exit(main({argv!r}))
+'''
+
+
+def script(argv: Sequence[str]) -> str:
+    """A Python script that repeats ``python -m harness module ARGV`` (without --script and
+    --report-dir): it imports the factory through the harness."""
+    return SCRIPT.format(command="python -m harness " + " ".join(shlex.quote(a) for a in argv), argv=list(argv))
