@@ -154,3 +154,12 @@ def masked_factory():
 def never_checkpointing(checkpointing=False):
     """Takes `checkpointing` and ignores it: a model whose checkpointing never runs."""
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)), torch.rand(4, 8)
+
+
+class RaisesInForward(torch.nn.Module):
+    def forward(self, x):
+        raise ValueError("this model raises")
+
+
+def raising_forward_factory():
+    return RaisesInForward(), torch.rand(2, 2)

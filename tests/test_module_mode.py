@@ -244,7 +244,7 @@ def test_draws_a_checkpoint_hands_back_from_a_stash_are_seen_in_the_recompute():
 
 
 def test_backward_kernels_are_not_draws_and_dropout_is_recorded_by_its_mask():
-    from harness.module_mode import DrawLog, rng_output
+    from harness.draws import DrawLog, rng_output
     from harness.records import FORWARD, RECOMPUTE, MaskLog
 
     log, stack = MaskLog(), []
@@ -267,7 +267,7 @@ def test_backward_kernels_are_not_draws_and_dropout_is_recorded_by_its_mask():
 def test_fused_attention_draws_are_recorded_by_their_philox_seed_and_offset():
     from types import SimpleNamespace
 
-    from harness.module_mode import rng_output
+    from harness.draws import rng_output
 
     returns = [SimpleNamespace(name=n) for n in ("output", "log_sumexp", "philox_seed", "philox_offset")]
     func = SimpleNamespace(_schema=SimpleNamespace(returns=returns))
@@ -422,3 +422,11 @@ def test_the_case_an_impl_is_asked_about_says_what_the_model_drew():
     assert BundledAdapter().limit(eager) is None and eager.layout.value == "mixed"
     nothing = module_case(Mode.REENTRANT, Capture.EAGER, torch.device("cpu"), [], keyword=False, tracked=False)
     assert nothing.program.ops() == {Op.DROPOUT_P0}
+
+
+def test_a_model_that_raises_without_checkpointing_is_not_the_impls_error():
+    # The reference runs no checkpoint of the impl's: its error cannot be the checkpoint's.
+    result = run_module("module_factories:raising_forward_factory", impls.load("bundled"))
+    assert result.outcome == "skipped"
+    assert result.reason.startswith("cannot judge: the model without checkpointing raised under eager capture")
+    assert "ValueError: this model raises" in result.reason
