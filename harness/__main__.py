@@ -158,6 +158,18 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--allow-unsupported", action="store_true",
                          help="run the impl even when its package cannot load (every case unsupported)")
 
+    p_exp = sub.add_parser("expectations", help="which expectation entry claims a case, and conflicts between entries")
+    exp_sub = p_exp.add_subparsers(dest="action", required=True)
+    p_explain = exp_sub.add_parser("explain", help="which entry claims CASE for --impl, and why each other one does not")
+    p_explain.add_argument("case_id", metavar="CASE")
+    p_explain.add_argument("--impl", required=True)
+    p_explain.add_argument("--version", default=None, help="the impl version to judge for (versions ranges)")
+    p_conflicts = exp_sub.add_parser("conflicts", help="cases of the default matrices that two entries of one impl "
+                                                       "claim with different failures (exit 1 when any)")
+    p_conflicts.add_argument("--device", default="cpu,cuda", help="the matrices to look in (default cpu,cuda)")
+    for p in (p_explain, p_conflicts):
+        p.add_argument("--expectations", default=None, metavar="FILE", help="expectations file (default cases/expectations.toml)")
+
     report_cli.add_commands(sub, COMMANDS)
     return parser
 
@@ -328,10 +340,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
     rate = found.tried / found.seconds if found.seconds else 0.0
     summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
+    known = f"; known failures by entry: {found.known_kinds()}" if found.known else ""
+    if found.stale:  # an entry that claims a case which passed over-claims: say which
+        shown = "\n  ".join(found.stale[:5]) + (f"\n  ... {len(found.stale) - 5} more" if len(found.stale) > 5 else "")
+        print(f"stale: {len(found.stale)} cases an entry expects to fail passed:\n  {shown}")
     if not found.findings:
         noisy = f"; {found.noisy} failures not repeated bit for bit by a second run (nondeterministic " \
                 "attention backward), not counted" if found.noisy else ""
-        print(f"no failure in {summary}{noisy}")
+        print(f"no {'new ' if args.new_only else ''}failure in {summary}{known}{noisy}")
         return 0
     for number, finding in enumerate(found.findings, 1):
         _print_finding(finding, number, len(found.findings), target.name)
@@ -345,7 +361,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     repeats = f", {found.repeats} more like them" if found.repeats else ""
     if found.noisy:
         repeats += f", {found.noisy} not repeated bit for bit by a second run (nondeterministic attention backward)"
-    print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''}{repeats} in {summary}")
+    kinds = "new kind" if args.new_only else "kind"
+    print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"
+          f"{'s' if len(found.findings) > 1 else ''}){repeats} in {summary}{known}")
     return 1
 
 
@@ -493,8 +511,28 @@ def _without_outputs(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def cmd_expectations(args: argparse.Namespace) -> int:
+    entries = expectations_mod.load(args.expectations)
+    if args.action == "explain":
+        case = parse_case_id(args.case_id)
+        found = expectations_mod.find(entries, args.impl, case, version=args.version)
+        print(f"{args.impl} {case.id}: " + (f"claimed by {found.label}: expects {found.expected()}" if found
+                                             else "no entry claims it: a failure is a failure, a pass a pass"))
+        lines = expectations_mod.explain(entries, args.impl, case, version=args.version)
+        print("\n".join(lines) if lines else f"  (no entry names {args.impl})")
+        return 0
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    bad = [d for d in devices if d not in ("cpu", "cuda")]
+    if bad:
+        raise UsageFailure(f"unknown device {bad[0]!r}; valid values: cpu, cuda")
+    lines = expectations_mod.conflicts(entries, [c for d in devices for c in generate(device=d)])
+    print("\n".join(lines) if lines else "no conflicts")
+    return 1 if lines else 0
+
+
 COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
-                            "bench": cmd_bench, "module": cmd_module}
+                            "bench": cmd_bench, "module": cmd_module,
+                            "expectations": cmd_expectations}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -157,10 +157,10 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
                   ) -> dict[str, Any]:
     """`result` as a record, with its expectation (looked up under the target's name and version)
     and its verdict: ``verdict``, ``verdict_note``, ``expected_failure``, ``expected_issue``,
-    ``expected_outcome``, ``expected_oracles``."""
+    ``expected_outcome``, ``expected_oracles``, ``expected_entry`` (the bug's name, or 'entry N')."""
     record = result.to_dict()
     record["impl"] = target.name
-    entry = expectations_mod.find(entries, target.name, result.case.id, version=record.get("impl_version"))
+    entry = expectations_mod.find(entries, target.name, result.case, version=record.get("impl_version"))
     judgement = expectations_mod.judge(
         result.outcome.value, [m.oracle for m in result.mismatches], result.error, entry,
         impl=target.name, must_support_all=must_support(target.adapter, result.case),
@@ -174,6 +174,7 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
         "expected_issue": failure.issue if failure else "",
         "expected_outcome": failure.outcome if failure else "",
         "expected_oracles": list(failure.oracles) if failure else [],
+        "expected_entry": failure.label if failure else "",
     })
     return record
 

@@ -1,11 +1,20 @@
-"""Expected failures as data (cases/expectations.toml), matched by impl and case-id pattern.
+"""Expected failures as data (cases/expectations.toml), matched by impl and by what a case does.
 
 Each entry names an impl (the name the user gives on the command line, an import path
-``pkg.mod:factory`` included), one or more `fnmatch` patterns over case ids, a reason and, where one
-exists, an upstream issue.  An entry names the failure it expects:
+``pkg.mod:factory`` included), the cases it covers, a reason and, where one exists, an upstream
+issue.  The cases are named by facts (`harness.case_facts`: the mode, layout, capture,
+interleave and device, and what the program does: which ops it draws inside, outside or nested in
+regions, how a region is entered, whether a tracked stream is drawn inside a region...), by
+`fnmatch` patterns over case ids (``cases``), or both: a case matches when every fact holds and,
+where patterns are given, one of them matches its id.  ``unless`` (a table of facts, or a list of
+them) takes cases out again: a case for which every fact of one ``unless`` table holds does not
+match (another bug fires first there, say).  Facts cover named and spec programs alike,
+so one bug is one entry; an optional ``name`` names the bug (fuzz reports count known failures by
+it).  An entry names the failure it expects:
 
-* ``outcome``: ``mismatch`` (the default), ``error``, ``crash`` or ``timeout``;
-* ``oracles`` (optional, for ``mismatch``): each of these oracles fails (one bug usually shows in
+* ``outcome``: ``mismatch`` (the default), ``error``, ``crash`` or ``timeout``, or a list of them
+  (one bug that shows as an error in some programs and as a mismatch in others);
+* ``oracles`` (optional, for a ``mismatch``): each of these oracles fails (one bug usually shows in
   several oracles, and which others join in varies from cell to cell, so an entry names the ones
   every matched cell shows: the signature of the bug);
 * ``message`` (optional, for the other outcomes): a regular expression that the error text
@@ -18,8 +27,10 @@ exists, an upstream issue.  An entry names the failure it expects:
 
 `judge` turns a result and its entry into a verdict: the expected failure is ``xfail``; a case that
 fails differently is ``fail`` ("wrong failure: expected mismatch (live-stream), got error: ...");
-a matched case that passes is ``stale``.  An entry whose cases match no case, or whose impl names
-no known implementation, is reported (`entry_problems`).
+a matched case that passes is ``stale``.  An entry whose cases match no case, whose impl names no
+known implementation, or that claims a case another entry claims with another expected failure (a
+conflict: the first would win silently) is reported (`entry_problems`).  `explain` says which
+entry matches a case and why the others do not.
 
 An entry may also name the impl versions it applies to, as a PEP 440 specifier set
 (``versions = ">=0.16,<0.20"``).  Such an entry matches only when the version under test is known
@@ -41,6 +52,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from .case_facts import FACT_KEYS, check_facts, missed
 from packaging.version import InvalidVersion, Version
 
 if sys.version_info >= (3, 11):
@@ -53,7 +66,8 @@ FAILURE_OUTCOMES = ("mismatch", "error", "crash", "timeout")
 OUTCOMES = ("pass", *FAILURE_OUTCOMES)
 ORACLES = ("forward-mask", "recompute-mask", "gradient", "buffer", "live-stream", "fresh-randomness",
            "output", "identity")
-ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracles", "message"}
+ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracles", "message", "name",
+              "unless", *FACT_KEYS}
 
 
 class ExpectationError(ValueError):
@@ -80,6 +94,19 @@ def version_in(version: "str | None", spec: str) -> bool:
     return parse_versions(spec).contains(parsed, prereleases=True)
 
 
+def _case(case: Any) -> Any:
+    """A `Case` for `case` (a Case, or a case id); None for an id that names no case (a module
+    run's record): only pattern-only entries can match such an id."""
+    if not isinstance(case, str):
+        return case
+    from .cases import CaseError, parse_case_id
+
+    try:
+        return parse_case_id(case)
+    except (CaseError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class Expectation:
     impl: str
@@ -87,38 +114,77 @@ class Expectation:
     reason: str
     issue: str = ""
     versions: str = ""  # PEP 440 specifier set; empty = every version
-    outcome: str = "mismatch"  # the failure expected: mismatch, error, crash or timeout
+    outcomes: tuple[str, ...] = ("mismatch",)  # the failures expected (or ("pass",))
     oracles: tuple[str, ...] = ()  # for mismatch: each of these fails (empty: any mismatch)
     message: str = ""  # for error / crash / timeout: a regex the error text matches
+    facts: tuple[tuple[str, Any], ...] = ()  # `case_facts` keys and wanted values, all must hold
+    unless: tuple[tuple[tuple[str, Any], ...], ...] = ()  # fact sets that take a case out again
+    name: str = ""  # the bug's name
+    number: int = 0  # the entry's place in its file (1-based)
+
+    @property
+    def outcome(self) -> str:
+        """The first (usually only) outcome expected."""
+        return self.outcomes[0]
 
     @property
     def expects_pass(self) -> bool:
         """True for an entry that says its cases pass (``outcome = "pass"``)."""
-        return self.outcome == "pass"
+        return self.outcomes == ("pass",)
+
+    @property
+    def label(self) -> str:
+        """The bug's name, else 'entry N'."""
+        return self.name or f"entry {self.number}"
 
     def expected(self) -> str:
         """'mismatch (recompute-mask, gradient)' or "error matching 'TypeError'": what it expects."""
-        if self.oracles:
-            return f"{self.outcome} ({', '.join(self.oracles)})"
-        if self.message:
-            return f"{self.outcome} matching {self.message!r}"
-        return self.outcome
+        parts = []
+        for outcome in self.outcomes:
+            if outcome == "mismatch" and self.oracles:
+                parts.append(f"{outcome} ({', '.join(self.oracles)})")
+            elif outcome not in ("mismatch", "pass") and self.message:
+                parts.append(f"{outcome} matching {self.message!r}")
+            else:
+                parts.append(outcome)
+        return " or ".join(parts)
+
+    def signature(self) -> tuple:
+        """What the entry expects (two entries claiming one case with different ones conflict)."""
+        return (self.outcomes, self.oracles, self.message)
 
     def explains(self, outcome: str, oracles: Iterable[str], error: str) -> bool:
         """True when a failed case failed exactly the way this entry says."""
-        if outcome != self.outcome:
+        if outcome not in self.outcomes:
             return False
-        if not set(self.oracles) <= set(oracles):
-            return False
+        if outcome == "mismatch":
+            return set(self.oracles) <= set(oracles)
         return not self.message or re.search(self.message, error or "") is not None
 
-    def matches(self, impl: str, case_id: str) -> bool:
-        """Impl and case-id pattern only (the version is `applies_to`'s business)."""
-        return fnmatch.fnmatchcase(impl, self.impl) and self.matches_case(case_id)
+    def matches(self, impl: str, case: Any) -> bool:
+        """Impl, facts and case-id patterns (the version is `applies_to`'s business); `case` is a
+        `Case` or a case id."""
+        return fnmatch.fnmatchcase(impl, self.impl) and self.matches_case(case)
 
-    def matches_case(self, case_id: str) -> bool:
-        """One of the entry's case-id patterns matches `case_id`."""
-        return any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns)
+    def matches_case(self, case: Any) -> bool:
+        """Every fact holds for `case` and, where the entry has patterns, one matches its id."""
+        return not self.misses(case)
+
+    def misses(self, case: Any) -> list[str]:
+        """Why `case` is not this entry's, one phrase each ([] when it is)."""
+        found = _case(case)
+        case_id = case if isinstance(case, str) else case.id
+        out = []
+        if self.patterns and not any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns):
+            out.append(f"the id matches none of {', '.join(self.patterns)}")
+        if self.facts or self.unless:
+            if found is None:
+                return [*out, "the id names no case"]
+            out += missed(dict(self.facts), found)
+            for facts in self.unless:
+                if not missed(dict(facts), found):
+                    out.append(f"unless {', '.join(f'{k}={_shown(v)}' for k, v in facts)} holds")
+        return out
 
     def applies_to(self, version: "str | None") -> bool:
         """True for an entry without a range, else when `version` is known and in the range."""
@@ -126,7 +192,15 @@ class Expectation:
 
     def describe(self) -> str:
         where = f" (versions {self.versions})" if self.versions else ""
-        return f"{self.impl}: {', '.join(self.patterns)}{where}"
+        what = [*(f"{k}={_shown(v)}" for k, v in self.facts), *self.patterns]
+        named = f" ({self.name})" if self.name else ""
+        return f"{self.impl}{named}: {', '.join(what)}{where}"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, frozenset):
+        return "|".join(sorted(value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _string_list(raw: Any, key: str, where: str) -> tuple[str, ...]:
@@ -136,14 +210,17 @@ def _string_list(raw: Any, key: str, where: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _entry(raw: Mapping[str, Any], where: str) -> Expectation:
+def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
     """One [[expect]] table -> `Expectation`; anything malformed is one ExpectationError line."""
-    missing = [key for key in ("impl", "cases", "reason") if key not in raw]
+    missing = [key for key in ("impl", "reason") if key not in raw]
     if missing:
         raise ExpectationError(f"{where} lacks {', '.join(missing)}")
     unknown = sorted(set(raw) - ENTRY_KEYS)
     if unknown:
         raise ExpectationError(f"{where} has unknown key {unknown[0]!r}; keys: {', '.join(sorted(ENTRY_KEYS))}")
+    facts = check_facts(raw, where, ExpectationError)
+    if "cases" not in raw and not facts:
+        raise ExpectationError(f"{where} names no cases: give facts ({', '.join(FACT_KEYS)}) or cases patterns")
     versions = raw.get("versions", "")
     if not isinstance(versions, str):
         raise ExpectationError(
@@ -153,29 +230,43 @@ def _entry(raw: Mapping[str, Any], where: str) -> Expectation:
         parse_versions(versions)
     except ExpectationError as exc:
         raise ExpectationError(f"{where}: {exc}") from None
-    outcome = raw.get("outcome", "mismatch")
-    if outcome not in OUTCOMES:
-        raise ExpectationError(f"{where} outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+    outcomes = _string_list(raw.get("outcome", "mismatch"), "outcome", where)
+    bad_outcome = [o for o in outcomes if o not in OUTCOMES]
+    if bad_outcome:
+        raise ExpectationError(f"{where} outcome {bad_outcome[0]!r} is not one of {', '.join(OUTCOMES)}")
+    if "pass" in outcomes and len(outcomes) > 1:
+        raise ExpectationError(f"{where} outcome 'pass' cannot stand beside failures")
     oracles = _string_list(raw["oracles"], "oracles", where) if "oracles" in raw else ()
     bad = [o for o in oracles if o not in ORACLES]
     if bad:
         raise ExpectationError(f"{where} names unknown oracle {bad[0]!r}; oracles: {', '.join(ORACLES)}")
-    if oracles and outcome != "mismatch":
-        raise ExpectationError(f"{where} names oracles, which only a mismatch has (outcome is {outcome!r})")
+    if oracles and "mismatch" not in outcomes:
+        raise ExpectationError(f"{where} names oracles, which only a mismatch has (outcome is {outcomes[0]!r})")
     message = raw.get("message", "")
     if not isinstance(message, str):
         raise ExpectationError(f"{where} message must be a string (a regular expression)")
-    if message and outcome == "mismatch":
+    if message and outcomes == ("mismatch",):
         raise ExpectationError(f"{where} has a message, which a mismatch has not (use oracles)")
-    if message and outcome == "pass":
+    if message and outcomes == ("pass",):
         raise ExpectationError(f"{where} has a message, which a pass entry has not")
     try:
         re.compile(message)
     except re.error as exc:
         raise ExpectationError(f"{where} message {message!r} is not a regular expression: {exc}") from None
+    name = raw.get("name", "")
+    if not isinstance(name, str):
+        raise ExpectationError(f"{where} name must be a string")
+    patterns = _string_list(raw["cases"], "cases", where) if "cases" in raw else ()
+    unless_raw = raw.get("unless", [])
+    unless_raw = unless_raw if isinstance(unless_raw, list) else [unless_raw]
+    unless = []
+    for table in unless_raw:
+        if not isinstance(table, Mapping) or not table or set(table) - set(FACT_KEYS):
+            raise ExpectationError(f"{where} unless must be a table of facts ({', '.join(FACT_KEYS)}) or a list of them")
+        unless.append(tuple(check_facts(table, f"{where} unless", ExpectationError).items()))
     return Expectation(
-        raw["impl"], _string_list(raw["cases"], "cases", where), raw["reason"], raw.get("issue", ""),
-        versions.strip(), outcome, oracles, message,
+        raw["impl"], patterns, raw["reason"], raw.get("issue", ""), versions.strip(), outcomes, oracles, message,
+        tuple(facts.items()), tuple(unless), name, number,
     )
 
 
@@ -191,54 +282,103 @@ def load(path: "str | Path | None" = None) -> list[Expectation]:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ExpectationError(f"cannot read expectations file {path}: {exc}") from None
     return [entry for n, raw in enumerate(data.get("expect", []), start=1)
-            for entry in _entries(raw, f"{path}: entry {n}")]
+            for entry in _entries(raw, f"{path}: entry {n}", n)]
 
 
-def _entries(raw: Any, where: str) -> list[Expectation]:
+def _entries(raw: Any, where: str, number: int = 0) -> list[Expectation]:
     """One [[expect]] table -> its entries: one per impl where ``impl`` is a list of names."""
     if not isinstance(raw, Mapping):
         raise ExpectationError(f"{where} is not a table")
     impl = raw.get("impl")
     if isinstance(impl, list):
         names = _string_list(impl, "impl", where)
-        return [_entry({**raw, "impl": name}, where) for name in names]
-    return [_entry(raw, where)]
+        return [_entry({**raw, "impl": name}, where, number) for name in names]
+    return [_entry(raw, where, number)]
 
 
 def find(
-    entries: Iterable[Expectation], impl: str, case_id: str, version: "str | None" = None
+    entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None
 ) -> Expectation | None:
-    """The first entry expecting `impl` (at `version`) to fail `case_id`, or None.
+    """The first entry expecting `impl` (at `version`) to fail `case` (a `Case` or a case id),
+    or None.
 
     `version` is the impl's version (`adapter.version`); entries with a `versions` range match
     only when it is known and in range, entries without one match whatever it is.
     """
     for entry in entries:
-        if entry.matches(impl, case_id) and entry.applies_to(version):
+        if entry.matches(impl, case) and entry.applies_to(version):
             return entry
     return None
 
 
-def unmatched(entries: Iterable[Expectation], case_ids: Iterable[str]) -> list[Expectation]:
-    """Entries whose case patterns match none of `case_ids` (dead entries to warn about)."""
-    ids = list(case_ids)
-    return [e for e in entries if not any(e.matches_case(cid) for cid in ids)]
+def explain(entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None) -> list[str]:
+    """Which entry of `impl` claims `case` and why each other one does not, one line per entry
+    of that impl, in file order ('matches' first-wins, 'also matches', or what it misses)."""
+    lines, chosen = [], None
+    for entry in entries:
+        if not fnmatch.fnmatchcase(impl, entry.impl):
+            continue
+        misses = entry.misses(case)
+        if not misses and not entry.applies_to(version):
+            misses = [f"version {version or 'unknown'} is outside {entry.versions}"]
+        if misses:
+            lines.append(f"  no    {entry.label}: {'; '.join(misses)}")
+        elif chosen is None:
+            chosen = entry
+            lines.append(f"  MATCH {entry.label}: expects {entry.expected()}: {entry.reason.splitlines()[0]}")
+        else:
+            also = "the same failure" if entry.signature() == chosen.signature() else f"{entry.expected()} (conflict)"
+            lines.append(f"  also  {entry.label}: expects {also}")
+    return lines
+
+
+def unmatched(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[Expectation]:
+    """Entries that match none of `cases` (Cases or ids; dead entries to warn about)."""
+    found = list(cases)
+    return [e for e in entries if not any(e.matches_case(case) for case in found)]
+
+
+def conflicts(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[str]:
+    """One line per case that two entries of one impl (and one versions range) both claim with
+    different expected failures: the first would win without a word."""
+    by_impl: dict[tuple[str, str], list[Expectation]] = {}
+    for entry in entries:
+        by_impl.setdefault((entry.impl, entry.versions), []).append(entry)
+    lines = []
+    for (impl, _), group in by_impl.items():
+        if len(group) < 2:
+            continue
+        seen: set[tuple[int, int]] = set()
+        for case in cases:
+            claiming = [e for e in group if e.matches_case(case)]
+            for later in claiming[1:]:
+                first = claiming[0]
+                pair = (first.number, later.number)
+                if later.signature() != first.signature() and pair not in seen:
+                    seen.add(pair)
+                    case_id = case if isinstance(case, str) else case.id
+                    lines.append(f"conflict: {impl}: {first.label} ({first.expected()}) and {later.label} "
+                                 f"({later.expected()}) both claim {case_id}")
+    return lines
 
 
 def entry_problems(entries: Iterable[Expectation], known_impls: Iterable[str] | None = None,
-                   case_ids: Iterable[str] | None = None) -> list[str]:
-    """One line per entry that can never apply: its impl names no known implementation (a
-    registered name; an import path ``pkg.mod:factory`` counts as known), or its case patterns
-    match no case of the whole matrix.  Defaults: the registered impls and every generated case."""
+                   case_ids: Iterable[Any] | None = None) -> list[str]:
+    """One line per entry that can never apply, or applies where another entry does too: its impl
+    names no known implementation (a registered name; an import path ``pkg.mod:factory`` counts
+    as known), its cases match no case of the whole matrix, or it claims a case another entry
+    of its impl claims with another expected failure (`conflicts`).  Defaults: the registered
+    impls and every generated case (default matrices, CPU and CUDA)."""
     from .cases import generate
     from .impls import registered
 
     known = set(registered() if known_impls is None else known_impls)
-    ids = [c.id for c in generate()] if case_ids is None else list(case_ids)
+    cases = list(generate()) if case_ids is None else list(case_ids)
     entries = list(entries)
     lines = [f"impl matches no known implementation: {e.describe()}"
              for e in entries if ":" not in e.impl and not any(fnmatch.fnmatchcase(k, e.impl) for k in known)]
-    lines += [f"cases match no case: {e.describe()}" for e in unmatched(entries, ids)]
+    lines += [f"cases match no case: {e.describe()}" for e in unmatched(entries, cases)]
+    lines += conflicts(entries, cases)
     return lines
 
 

@@ -163,6 +163,13 @@ class FuzzResult:
     shrink_steps: int = 0  # cases run while shrinking the failure now being shrunk
     repeats: int = 0  # failures like one already found (same signature), not shrunk again
     noisy: int = 0  # failures that a second run did not repeat bit for bit (`_repeats`)
+    known: dict[str, int] = field(default_factory=dict)  # known failures (xfail) by the entry that explains them
+    stale: list[str] = field(default_factory=list)  # 'case id (entry)' of cases an entry claims that passed
+
+    def known_kinds(self) -> str:
+        """'torch-ignores-tracker x40, torch-reentrant-container x12': the known failures by entry,
+        most first ('' when none)."""
+        return ", ".join(f"{label} x{n}" for label, n in sorted(self.known.items(), key=lambda kv: (-kv[1], kv[0])))
 
     @property
     def failure(self) -> CaseRun | None:
@@ -250,6 +257,11 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         else:
             result.generated += 1
         result.verdicts[verdict] = result.verdicts.get(verdict, 0) + 1
+        if verdict == "xfail":
+            label = done.record.get("expected_entry") or "?"
+            result.known[label] = result.known.get(label, 0) + 1
+        elif verdict == "stale":  # an entry claims more than the bug: worth narrowing
+            result.stale.append(f"{case.id} ({done.record.get('expected_entry') or '?'})")
         if progress is not None:
             progress(result)
         if verdict not in failing:

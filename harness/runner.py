@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -319,7 +320,13 @@ def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = F
             result.reason = skip or unsupported or ""
             result.duration_s = time.perf_counter() - start
             return result
-        _run_both(case, impl, name, iterations, timeline, result)
+        with warnings.catch_warnings():
+            # torch's reentrant checkpoint warns that no input requires grad where a region's input
+            # comes in a list or dict (and inside a parent's no-grad forward); the case records the
+            # error that follows, so the warning, once per case, is noise here.  Module mode lets
+            # it through: there it explains an error in the user's own model.
+            warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
+            _run_both(case, impl, name, iterations, timeline, result)
     except NoTracker as exc:
         result.outcome, result.reason = Outcome.UNSUPPORTED, str(exc)
     except NotReproducible as exc:

@@ -67,7 +67,7 @@ def test_judge_against_an_entry(outcome, fired, error, verdict, note):
 
 
 def test_an_error_entry_matches_its_message():
-    entry = Expectation("x", ("*",), "why", outcome="error", message="^RuntimeError: set_current_seed")
+    entry = Expectation("x", ("*",), "why", outcomes=("error",), message="^RuntimeError: set_current_seed")
     assert judge("error", [], "RuntimeError: set_current_seed can ...", entry, impl="x").verdict == "xfail"
     assert judge("error", [], "TypeError: no", entry, impl="x").note == (
         "wrong failure: expected error matching '^RuntimeError: set_current_seed', got error: TypeError: no")
@@ -89,7 +89,13 @@ def test_an_unsupported_cell_fails_an_impl_that_must_support_every_case():
 
 
 @pytest.mark.parametrize("body, message", [
-    ('[[expect]]\nimpl = "torch"\n', "lacks cases, reason"),
+    ('[[expect]]\nimpl = "torch"\n', "lacks reason"),
+    ('[[expect]]\nimpl = "torch"\nreason = "r"\n', "names no cases: give facts"),
+    ('[[expect]]\nimpl = "torch"\nreason = "r"\nlayout = "sideways"\n', "layout 'sideways' is none of default"),
+    ('[[expect]]\nimpl = "torch"\nreason = "r"\nnested = "yes"\n', "nested must be true or false"),
+    ('[[expect]]\nimpl = "torch"\nreason = "r"\nregions_pending = 0\n', "regions_pending must be a positive integer"),
+    ('[[expect]]\nimpl = "torch"\nreason = "r"\nmode = "reentrant"\noutcome = ["pass", "error"]\n',
+     "outcome 'pass' cannot stand beside failures"),
     ("[[expect]\n", "cannot read"),
     ('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\noutcome = "fail"\n', "outcome 'fail' is not one of"),
     ('[[expect]]\nimpl = "t"\ncases = ["*"]\nreason = "r"\noracles = ["gradients"]\n', "unknown oracle 'gradients'"),

@@ -1,0 +1,135 @@
+"""Facts about what a case does (harness/case_facts.py), and expectation entries that name them:
+one entry covers a named program and every spec program with the same property."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import expectations
+from harness.case_facts import facts_of
+from harness.cases import parse_case_id
+
+
+def facts(case_id):
+    found = facts_of(parse_case_id(case_id))
+    return {**{k: sorted(v) for k, v in found.values.items()}, **found.flags, **found.counts}
+
+
+def test_where_ops_are_drawn_and_how_regions_are_entered():
+    got = facts("reentrant-mixed-eager-list(native_dropout@t+keyword(rand@d))+bernoulli_@d-none-cpu")
+    assert got["passing"] == ["keyword", "list"]
+    assert got["op_in_region"] == ["native_dropout", "rand"] and got["op_outside"] == ["bernoulli_"]
+    assert got["op_nested"] == ["rand"]
+    assert got["after_region"] and got["nested"] and got["draws_outside"]
+    assert got["tracked_in_region"] and got["default_in_region"] and got["draws_in_region"]
+    assert got["regions_pending"] == 2
+
+
+def test_named_programs_have_the_same_facts_as_their_specs():
+    for nesting, pending in (("flat", 1), ("nested", 2), ("siblings", 2), ("deep", 3), ("wide", 3)):
+        named = facts(f"nonreentrant-tracked-eager-{nesting}-none-cpu")
+        program = parse_case_id(f"nonreentrant-tracked-eager-{nesting}-none-cpu").program
+        spec = facts(f"nonreentrant-tracked-eager-{program.spec}-none-cpu")
+        assert named == spec and named["regions_pending"] == pending
+
+
+def test_sites_by_op_and_dtype():
+    got = facts("nonreentrant-default-eager-bf16:(native_dropout+sdpa_kernel(sdpa_efficient.bf16))-none-cuda")
+    assert got["site_in_region"] == ["native_dropout.bf16", "sdpa_efficient.bf16"]  # the header's dtype
+    entry = expectations.find(expectations.load(), "torch",
+                              "nonreentrant-default-eager-((native_dropout+native_dropout+sdpa_kernel(sdpa_efficient.bf16)))-none-cuda")
+    assert entry.label == "torch-sdpa-kernel-not-replayed"  # an H200 fuzzer finding
+    assert expectations.find(expectations.load(), "torch",
+                             "nonreentrant-default-eager-(sdpa_kernel(sdpa_efficient))-none-cuda") is None
+
+
+def test_a_region_that_draws_nothing_and_tracked_sites_outside_regions():
+    assert not facts("nonreentrant-tracked-eager-(dropout_p0)-none-cpu")["draws_in_region"]
+    assert not facts("nonreentrant-tracked-eager-(dropout_p0)-none-cpu")["tracked_in_region"]  # it draws nothing
+    outside = facts("nonreentrant-mixed-eager-(native_dropout@d)+native_dropout@t-none-cpu")
+    assert not outside["tracked_in_region"] and outside["draws_outside"] and outside["default_in_region"]
+
+
+def _entries(tmp_path, text):
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    return expectations.load(path)
+
+
+def test_one_entry_by_facts_matches_named_and_spec_programs_alike(tmp_path):
+    [entry] = _entries(tmp_path, '[[expect]]\nimpl = "torch"\nname = "container"\nmode = "reentrant"\n'
+                                 'passing = ["list", "dict"]\noutcome = ["error", "mismatch"]\n'
+                                 'message = "^RuntimeError"\noracles = ["gradient"]\nreason = "r"\n')
+    for case_id in ("reentrant-default-eager-native_dropout.f32.small.list.flat-none-cpu",
+                    "reentrant-default-eager-list(native_dropout)-none-cpu",
+                    "reentrant-tracked-eager-(dict(rand@t))+native_dropout@t-draws-cpu"):
+        assert entry.matches("torch", case_id), case_id
+    assert not entry.matches("torch", "nonreentrant-default-eager-list(native_dropout)-none-cpu")
+    assert entry.misses("reentrant-default-eager-flat-none-cpu") == ["passing is positional, not dict or list"]
+    # One bug, two ways to show: either explains the case, nothing else does.
+    assert entry.explains("error", [], "RuntimeError: element 0 ...")
+    assert entry.explains("mismatch", ["recompute-mask", "gradient"], "")
+    assert not entry.explains("mismatch", ["live-stream"], "")
+    assert not entry.explains("crash", [], "RuntimeError")
+    assert entry.label == "container" and entry.expected() == "error matching '^RuntimeError' or mismatch (gradient)"
+
+
+def test_unless_takes_cases_out_again(tmp_path):
+    [entry] = _entries(tmp_path, '[[expect]]\nimpl = "torch"\ntracked_in_region = true\nreason = "r"\n'
+                                 'unless = { mode = "reentrant", passing = ["keyword"] }\n')
+    assert entry.matches("torch", "reentrant-tracked-eager-flat-none-cpu")
+    assert entry.misses("reentrant-tracked-eager-keyword(native_dropout)-none-cpu") == [
+        "unless mode=reentrant, passing=keyword holds"]
+    assert entry.matches("torch", "nonreentrant-tracked-eager-keyword(native_dropout)-none-cpu")
+
+
+def test_an_id_that_names_no_case_matches_pattern_entries_only(tmp_path):
+    facts_entry, pattern_entry = _entries(
+        tmp_path, '[[expect]]\nimpl = "x"\nmode = "reentrant"\nreason = "r"\n'
+                  '[[expect]]\nimpl = "x"\ncases = ["*-module-*"]\nreason = "r"\n')
+    module_id = "reentrant-module-eager-examples.mlp:factory-none-cpu"
+    assert not facts_entry.matches("x", module_id) and pattern_entry.matches("x", module_id)
+
+
+def test_conflicts_are_two_entries_claiming_one_case_with_different_failures(tmp_path):
+    entries = _entries(tmp_path, '[[expect]]\nimpl = "torch"\nname = "a"\nmode = "reentrant"\nreason = "r"\n'
+                                 '[[expect]]\nimpl = "torch"\nname = "b"\nlayout = "tracked"\noutcome = "error"\nreason = "r"\n'
+                                 '[[expect]]\nimpl = "torch"\nname = "c"\nlayout = "tracked"\nreason = "r"\n')
+    cases = [parse_case_id("reentrant-tracked-eager-flat-none-cpu"), parse_case_id("reentrant-default-eager-flat-none-cpu")]
+    assert expectations.conflicts(entries, cases) == [
+        "conflict: torch: a (mismatch) and b (error) both claim reentrant-tracked-eager-flat-none-cpu"]
+
+
+def test_the_expectations_file_has_no_conflicts_on_the_default_matrices():
+    from harness.cases import generate
+
+    assert expectations.conflicts(expectations.load(), list(generate())) == []  # cpu and cuda
+
+
+@pytest.mark.parametrize("case_id, impl, label", [
+    ("reentrant-default-eager-list(native_dropout)-none-cpu", "torch", "torch-reentrant-container"),
+    ("reentrant-default-eager-(list(native_dropout)+native_dropout)-none-cpu", "torch", "torch-reentrant-container"),
+    ("reentrant-mixed-eager-dict(native_dropout@t)+native_dropout@d-draws-cpu", "torch", "torch-reentrant-container"),
+    ("nonreentrant-tracked-eager-(native_dropout)-none-cpu", "torch", "torch-ignores-tracker"),
+    ("nonreentrant-tracked-eager-(dropout_p0)-none-cpu", "torch", "draws-nothing"),
+    # H200 fuzzer findings of torch (--capture all): a keyword region under reentrant that draws
+    # nothing still raises; a keyword region's default-stream site beside a tracked one outside.
+    ("reentrant-default-eager-keyword(nodraw)-none-cuda", "torch", "torch-reentrant-keyword"),
+    ("nonreentrant-mixed-eager-keyword(native_dropout)+native_dropout-none-cuda", "torch",
+     "torch-keyword-closure-cuda-rng"),
+])
+def test_the_fuzzers_known_forms_are_claimed_by_their_bug(case_id, impl, label):
+    assert expectations.find(expectations.load(), impl, case_id).label == label
+
+
+def test_explain_names_the_match_and_why_the_others_miss(capsys):
+    from harness.__main__ import main
+
+    assert main(["expectations", "explain", "reentrant-default-eager-list(native_dropout)-none-cpu", "--impl", "torch"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("torch reentrant-default-eager-list(native_dropout)-none-cpu: claimed by "
+                             "torch-reentrant-container")
+    assert "  no    torch-reentrant-keyword: passing is list, not keyword" in out
+    assert any(line.startswith("  MATCH torch-reentrant-container") for line in out)
+    assert main(["expectations", "conflicts", "--device", "cpu"]) == 0
+    assert main(["expectations", "explain", "nope", "--impl", "torch"]) == 2
