@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import ops
-from .cases import AXES, Case, layout_stream
+from .cases import AXES, Case
 from .programs import Dtype, Op, Passing, Region, Shape
 
 # Facts whose value is one of an enum's values (entry: a value or a list of values).
@@ -99,7 +99,8 @@ def facts_of(case: Case) -> CaseFacts:
     regions = [item for item in top if isinstance(item, Region)]
     inside = [pair for region in regions for pair in _depth_sites(region, 1)]
     outside = [item for item in top if not isinstance(item, Region)]
-    streams = case.streams()
+    streams = case.streams()  # every site's stream, its own or the layout's
+    drawing_inside = [site for site, _ in inside if ops.REGISTRY[site.op].draws]
     in_region_ops = {site.op.value for site, _ in inside}
     values = {
         "mode": frozenset([case.mode.value]), "layout": frozenset([case.layout.value]),
@@ -117,11 +118,9 @@ def facts_of(case: Case) -> CaseFacts:
         "after_region": any(_after_region(items) for items in [top, *(r.items for r in program.all_regions())]),
         "nested": any(depth >= 2 for _, depth in inside) or any(
             isinstance(inner, Region) for region in program.all_regions() for inner in region.items),
-        "tracked_in_region": any(streams.get(site.name, layout_stream(case.layout, site.index)) in TRACKER_STREAMS
-                                 and ops.REGISTRY[site.op].draws for site, _ in inside),
-        "draws_in_region": any(ops.REGISTRY[site.op].draws for site, _ in inside),
-        "default_in_region": any(streams.get(site.name, layout_stream(case.layout, site.index)) == "d"
-                                 and ops.REGISTRY[site.op].draws for site, _ in inside),
+        "tracked_in_region": any(streams[site.name] in TRACKER_STREAMS for site in drawing_inside),
+        "draws_in_region": bool(drawing_inside),
+        "default_in_region": any(streams[site.name] == "d" for site in drawing_inside),
         "draws_outside": any(ops.REGISTRY[site.op].draws for site in outside),
     }
     # Regions pending at once: the nesting depth, or siblings at the top (each sibling's recompute

@@ -77,6 +77,11 @@ def draw_path(name: str) -> str:
     return "" if path == "<module>" else path
 
 
+def draw_op(name: str) -> str:
+    """The op of a draw name ``PATH (aten::op)`` (``aten::op``)."""
+    return name.rsplit(" (", 1)[-1].rstrip(")")
+
+
 # The largest scaled difference (`compare.scaled_difference`: machine epsilons of the tensor's
 # largest magnitude) read as rounding: another order of floating-point sums over terms of that
 # magnitude stays well inside it; a value computed from other inputs does not.
@@ -159,6 +164,5 @@ def first_divergent_draw(mismatches: list[Mismatch], draws: list[str]) -> str | 
         return None
     _, m, name, k = min(candidates, key=lambda c: c[0])
     phase = "recompute" if m.oracle == "recompute-mask" else "forward"
-    path, _, op = name.rpartition(" (")
     what = f"{m.count}/{m.total} elements differ" if m.total else m.detail
-    return f"{phase} draw {k} of {path} ({op.rstrip(')')}): {what} (iteration {m.iteration})"
+    return f"{phase} draw {k} of {name.rsplit(' (', 1)[0]} ({draw_op(name)}): {what} (iteration {m.iteration})"

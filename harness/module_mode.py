@@ -73,7 +73,7 @@ from .capture import execute
 from .cases import Capture, Case, Device, Interleave, Layout, Mode
 from .checkpoint import RNGStatesTracker
 from .compare import Mismatch
-from .draws import DrawLog, diagnose, draw_path, first_divergent_draw
+from .draws import DrawLog, diagnose, draw_op, draw_path, first_divergent_draw
 from .execution import must_support
 from .impls import one_line
 from .module_report import AS_BUILT
@@ -397,10 +397,6 @@ class ModuleResult:
     def passed(self) -> bool:
         return self.outcome == "pass"
 
-    @property
-    def wrapped(self) -> list[str]:
-        return self.checkpointed
-
 
 def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A copy of the module's parameters and buffers."""
@@ -443,7 +439,7 @@ def module_case(mode: Mode, capture: Capture, device: torch.device, draws: list[
     of no kind there are left out, and a model drawing none gets a site that draws nothing), passed
     by keyword where a wrapped forward was given keyword arguments, in the mixed layout when the
     model forks its own tracker streams (else the default layout)."""
-    found = {ATEN_OPS[n.rsplit(" (", 1)[1].rstrip(")")] for n in draws if n.rsplit(" (", 1)[-1].rstrip(")") in ATEN_OPS}
+    found = {ATEN_OPS[op] for op in map(draw_op, draws) if op in ATEN_OPS}
     half = {Op.SDPA_FLASH, Op.SDPA_CUDNN}  # half-only kernels
     sites = [f"{op.value}.bf16" if op in half else op.value for op in Op if op in found] or [Op.DROPOUT_P0.value]
     spec = f"{'keyword' if keyword else ''}({'+'.join(sites)})"
@@ -525,7 +521,7 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
             if role == "under test" and not as_built:
                 reference = sessions[0]
                 keyword = mode is Mode.NONREENTRANT and bool(reference.keywords & set(wrapped))
-                case = module_case(mode, Capture(capture), dev, _draw_names(reference.record), keyword,
+                case = module_case(mode, capture, dev, _draw_names(reference.record), keyword,
                                    takes_tracker(factory))
                 unsupported = declared_unsupported(impl, name, case)
                 if unsupported:
@@ -544,7 +540,7 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
                 # Nothing of the impl's checkpoint ran yet: the model itself (or the tracker it
                 # was given) cannot run like this, and no verdict on the checkpoint can be had.
                 raise NotReproducible(
-                    f"the model without checkpointing raised under {Capture(capture).value} capture, so no oracle "
+                    f"the model without checkpointing raised under {capture.value} capture, so no oracle "
                     f"can judge the checkpoint: {one_line(exc)} (the model's own code, or the impl's tracker it "
                     "was given)") from None
             finally:

@@ -60,7 +60,7 @@ def test_a_control_that_never_recomputes_is_named_too():
 
 def test_wrap_selects_submodules_and_draws_outside_them_are_not_expected_to_recompute():
     result = run_module("examples.transformer_layer:factory", impls.load("neg-no-rewind"), wrap=["linear*"])
-    assert result.wrapped == ["linear1", "linear2"] and result.passed  # no draw inside: nothing to get wrong
+    assert result.checkpointed == ["linear1", "linear2"] and result.passed  # no draw inside: nothing to get wrong
     result = run_module("examples.transformer_layer:factory", impls.load("neg-no-rewind"), wrap=["dropout1"])
     assert result.first_divergent.startswith("recompute draw 1 of dropout1 (aten::bernoulli_)")
 
