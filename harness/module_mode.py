@@ -8,7 +8,7 @@ parameters of a factory mean something:
   (TransformerEngine's or Megatron-core's ``CudaRNGStatesTracker``, the bundled
   ``RNGStatesTracker``); the factory adds the streams its model forks, as a training script would,
   and hands the tracker to its layers.  The harness adds its own tracked stream too
-  (``model-parallel``), so a tracker the model never forks is still checked for being left where
+  (``model-parallel-rng``), so a tracker the model never forks is still checked for being left where
   it was.
 * ``checkpointing``: the model can checkpoint itself, as transformers' and timm's models do
   (``gradient_checkpointing_enable()``, ``set_grad_checkpointing()``).  Under ``--impl as-built``
@@ -423,9 +423,9 @@ def _draw_names(record: RunRecord, iteration: int | None = None) -> list[str]:
 # `supports` and `limit` (which read a case's program).
 ATEN_OPS = {
     "aten::native_dropout": Op.NATIVE_DROPOUT, "aten::bernoulli_": Op.BERNOULLI, "aten::bernoulli": Op.BERNOULLI,
-    "aten::rand": Op.RAND, "aten::randn": Op.RANDN, "aten::rand_like": Op.RAND_LIKE, "aten::randint": Op.RANDINT,
+    "aten::rand": Op.RAND, "aten::randn": Op.RANDN, "aten::rand_like": Op.RAND_LIKE, "aten::randn_like": Op.RANDN_LIKE, "aten::randint": Op.RANDINT,
     "aten::normal_": Op.NORMAL, "aten::uniform_": Op.UNIFORM, "aten::multinomial": Op.MULTINOMIAL,
-    "aten::randperm": Op.RANDPERM,
+    "aten::randperm": Op.RANDPERM, "aten::poisson": Op.POISSON, "aten::exponential_": Op.EXPONENTIAL,
     "aten::_scaled_dot_product_efficient_attention": Op.SDPA_EFFICIENT,
     "aten::_scaled_dot_product_flash_attention": Op.SDPA_FLASH,
     "aten::_scaled_dot_product_cudnn_attention": Op.SDPA_CUDNN,

@@ -26,8 +26,8 @@ CAPTURE = "eager"  # eager | separate | single
 # items, receiving its input by passing (positional | keyword | closure | list | dict) or entered
 # under a context (autocast | sdpa_kernel, the backend of that attention op).  A site outside
 # every region draws in forward only.
-PROGRAM = [("region", "r0", "positional", None, [("site", "s0", "native_dropout", "float32", "model-parallel", True),
-                                                 ("site", "s1", "native_dropout", "float32", "model-parallel", True)])]
+PROGRAM = [("region", "r0", "positional", None, [("site", "s0", "native_dropout", "float32", "model-parallel-rng", True),
+                                                 ("site", "s1", "native_dropout", "float32", "model-parallel-rng", True)])]
 DTYPE = torch.float32  # of the input
 SHAPE = (64, 64)
 ATTENTION_VIEW = (1, 1, 64, 64)  # (batch, heads, sequence, head dim) of an attention site
@@ -166,11 +166,14 @@ OPS = {  # op -> h -> (what the site passes on, the RNG output compared)
     "rand": times(lambda h: torch.rand(h.shape, dtype=h.dtype, device=h.device)),
     "randn": times(lambda h: torch.randn(h.shape, dtype=h.dtype, device=h.device)),
     "rand_like": times(torch.rand_like),
+    "randn_like": times(torch.randn_like),
     "randint": times(lambda h: torch.randint(1, 4, h.shape, dtype=h.dtype, device=h.device)),
     "normal_": times(lambda h: torch.empty_like(h).normal_(1.0, 0.5)),
     "uniform_": times(lambda h: torch.empty_like(h).uniform_(0.5, 1.5)),
     "multinomial": sample,
     "randperm": permute,
+    "poisson": times(lambda h: torch.poisson(torch.full_like(h, 2.0))),
+    "exponential_": times(lambda h: torch.empty_like(h).exponential_(1.0)),
     "nodraw": lambda h: (h, h),
     "dropout_p0": lambda h: (lambda out: (out, out))(F.dropout(h, 0.0, training=True)),
 }  # and sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn: attention(op, own_backend)
@@ -197,7 +200,11 @@ class Run:
         self.tracker = None
         if LAYOUT != "untracked":
             self.tracker = make_tracker(DEVICE)
-            self.tracker.add("model-parallel", 2718)
+            self.tracker.add("model-parallel-rng", 2718)
+            if LAYOUT in ("tracked", "mixed"):  # the other stream names Megatron-core uses
+                for n, name in enumerate(("data-parallel-rng", "expert-parallel-rng", "context-parallel-rng",
+                                          "model-and-context-parallel-rng")):
+                    self.tracker.add(name, 2719 + n)
             if LAYOUT == "shared":
                 self.tracker.add("shared-a", 3141)
                 self.tracker.add_alias("shared-b", "shared-a")

@@ -29,9 +29,16 @@ from .records import LOSS
 from .streams import state_value
 
 GLOBAL_SEED = 1234  # torch.manual_seed for CPU and every CUDA device
-TRACKED_STREAM = "model-parallel"
+TRACKED_STREAM = "model-parallel-rng"  # Megatron-core's and TransformerEngine's name for it
+# The other streams Megatron-core keeps (data-, expert-parallel) or adds in open work (context-,
+# model-and-context-parallel), live in the tracked and mixed layouts beside the one the sites draw
+# from: a checkpoint must leave every one of them where the reference does (interleaved draws
+# move them all between forward and backward).
+OTHER_TRACKED_STREAMS = ("data-parallel-rng", "expert-parallel-rng", "context-parallel-rng",
+                         "model-and-context-parallel-rng")
 SHARED_STREAMS = ("shared-a", "shared-b")  # shared-b is an alias of shared-a
-STREAM_SEEDS = {TRACKED_STREAM: 2718, SHARED_STREAMS[0]: 3141}
+STREAM_SEEDS = {TRACKED_STREAM: 2718, SHARED_STREAMS[0]: 3141,
+                **{name: 2719 + n for n, name in enumerate(OTHER_TRACKED_STREAMS)}}
 INTERLEAVE_NUMEL = 1000  # per live stream, between forward and backward
 AUTOCAST_DTYPE = torch.bfloat16  # the one autocast dtype CPU and CUDA both have
 KEYWORD = "inp"  # the keyword a region takes its input by, in the keyword passing
@@ -77,10 +84,14 @@ def seed_all() -> None:
 
 def make_tracker_streams(tracker: Any, layout: Layout) -> None:
     """Add the streams a layout uses to a fresh tracker (deterministic seeds): the tracked stream,
+    in the tracked and mixed layouts Megatron's other stream names too (`OTHER_TRACKED_STREAMS`),
     and in the shared layout (the only one whose sites may draw from them) the shared pair."""
     if tracker is None:
         return
     tracker.add(TRACKED_STREAM, STREAM_SEEDS[TRACKED_STREAM])
+    if layout in (Layout.TRACKED, Layout.MIXED):
+        for name in OTHER_TRACKED_STREAMS:
+            tracker.add(name, STREAM_SEEDS[name])
     if layout is Layout.SHARED:
         tracker.add(SHARED_STREAMS[0], STREAM_SEEDS[SHARED_STREAMS[0]])
         tracker.add_alias(SHARED_STREAMS[1], SHARED_STREAMS[0])

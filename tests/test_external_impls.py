@@ -42,6 +42,7 @@ import torch
 
 from standin_packages import drop_modules
 from harness import impls, runner
+from harness.workload import OTHER_TRACKED_STREAMS, TRACKED_STREAM
 from harness.cases import Layout, Mode, generate, parse_case_id
 from harness.compare import int_view
 from harness.impls import megatron as megatron_mod
@@ -727,6 +728,10 @@ def test_megatron_make_tracker_resets_the_global_tracker_in_the_adapter_mode(meg
                          for kw in inits)
 
 
+# The streams of a tracked case: the one its sites draw from and Megatron's other names.
+TRACKED_NAMES = [TRACKED_STREAM, *OTHER_TRACKED_STREAMS]
+
+
 def test_megatron_checkpoint_is_called_with_distribute_saved_activations_false(megatron):
     adapter = _on_cpu(impls.load("megatron"))
     result = runner.run(parse_case_id("reentrant-tracked-eager-siblings-none-cpu"), adapter)
@@ -734,7 +739,7 @@ def test_megatron_checkpoint_is_called_with_distribute_saved_activations_false(m
     calls = [kw for fn, kw in megatron.CALLS if fn == "checkpoint"]
     assert len(calls) == 2 * runner.ITERATIONS  # two sibling regions per iteration
     assert all(kw["distribute_saved_activations"] is False for kw in calls)
-    assert all(kw["names"] == ["model-parallel"] for kw in calls)
+    assert all(kw["names"] == TRACKED_NAMES for kw in calls)
 
 
 def test_megatron_untracked_cases_get_a_fresh_empty_global_tracker(megatron):
@@ -786,7 +791,7 @@ def test_megatron_nonreentrant_runs_checkpoint_without_output_recomputing_from_t
     regions = 2 * runner.ITERATIONS  # two sibling regions per iteration; the reference checkpoints none
     checkpoints = _without_output_calls(megatron, "checkpoint")
     assert len(checkpoints) == regions and not [fn for fn, _ in megatron.CALLS if fn == "checkpoint"]
-    assert all(kw["fp8"] is False and kw["names"] == ["model-parallel"] for kw in checkpoints)
+    assert all(kw["fp8"] is False and kw["names"] == TRACKED_NAMES for kw in checkpoints)
     discards = _without_output_calls(megatron, "discard_output_and_register_recompute")
     assert len(discards) == regions and all(kw["requires_grad"] for kw in discards)
     recomputes = _without_output_calls(megatron, "_recompute")
@@ -1078,3 +1083,19 @@ def test_third_party_entry_point_works_from_the_command_line(third_party, tmp_pa
     assert {(r["layout"], r["outcome"], r["impl_version"]) for r in records} == {
         ("default", "pass", "1.2.3"), ("tracked", "unsupported", "1.2.3")
     }
+
+
+@pytest.mark.parametrize("graphsafe", [False, True])
+def test_megatron_says_so_when_it_gets_another_tracker_kind_than_asked(megatron, monkeypatch, graphsafe):
+    # Megatron keeps the first tracker it made unless force_reset=True: an initialiser that ignores
+    # the reset (as an early plain get_cuda_rng_tracker() does to a later graph-safe request) leaves
+    # the other kind in place, which the adapter must refuse in one line, not run silently.
+    megatron.initialize_rng_tracker(use_cudagraphable_rng=not graphsafe, force_reset=True)
+    real = megatron.initialize_rng_tracker
+    monkeypatch.setattr(megatron, "initialize_rng_tracker",
+                        lambda *args, force_reset=False, **kwargs: real(*args, **kwargs))
+    adapter = MegatronAdapter(graphsafe=graphsafe)
+    with pytest.raises(RuntimeError, match="not the (graph-safe|plain).* tracker asked for"):
+        adapter.make_tracker(torch.device("cpu"))
+    result = runner.run(parse_case_id("reentrant-tracked-eager-flat-none-cpu"), _on_cpu(adapter))
+    assert result.outcome is Outcome.ERROR and "tracker asked for" in result.error

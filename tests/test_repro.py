@@ -27,7 +27,7 @@ def first_divergence(impl: str, case_id: str):
 
 def test_torch_diverges_where_the_recompute_enters_with_the_tracked_stream_advanced():
     row = first_divergence("torch", "reentrant-tracked-eager-flat-none-cpu")
-    assert (row["iteration"], row["step"], row["stream"]) == (0, "recompute r0 entry", "tracker:model-parallel")
+    assert (row["iteration"], row["step"], row["stream"]) == (0, "recompute r0 entry", "tracker:model-parallel-rng")
 
 
 def test_no_restore_diverges_after_backward_on_the_default_stream():

@@ -301,3 +301,17 @@ def test_compare_streams_reports_a_missing_stream():
     assert [(m.subject, m.detail) for m in mismatches] == [
         ("tracker:mp", "missing in checkpointed run")
     ]
+
+
+def test_tracked_layouts_carry_megatrons_other_stream_names():
+    from harness.checkpoint import RNGStatesTracker
+    from harness.cases import Layout
+    from harness.workload import OTHER_TRACKED_STREAMS, TRACKED_STREAM, make_tracker_streams
+
+    for layout, names in ((Layout.TRACKED, [TRACKED_STREAM, *OTHER_TRACKED_STREAMS]),
+                          (Layout.MIXED, [TRACKED_STREAM, *OTHER_TRACKED_STREAMS]),
+                          (Layout.DEFAULT, [TRACKED_STREAM])):
+        tracker = RNGStatesTracker("cpu")
+        make_tracker_streams(tracker, layout)
+        assert list(tracker.names()) == names
+    assert TRACKED_STREAM == "model-parallel-rng" and "context-parallel-rng" in OTHER_TRACKED_STREAMS

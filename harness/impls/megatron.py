@@ -368,7 +368,11 @@ class MegatronAdapter(PackageAdapter):
         unset = getattr(random, "_unset_checkpointing", None)
         if callable(unset):
             unset()  # a case that raised mid-checkpoint must not leave the flag set for the next
-        return random.get_cuda_rng_tracker(use_cudagraphable_rng=self.graphsafe)
+        tracker = random.get_cuda_rng_tracker(use_cudagraphable_rng=self.graphsafe)
+        problem = tracker_kind_problem(tracker, self.graphsafe)
+        if problem:
+            raise RuntimeError(problem)
+        return tracker
 
     def make_tracker(self, device: Any) -> TrackerView:
         random = self.module()
@@ -402,6 +406,19 @@ class MegatronAdapter(PackageAdapter):
         if reentrant:
             return random.checkpoint(fn, False, *args)
         return _checkpoint_without_output(random, fn, args)
+
+
+def tracker_kind_problem(tracker: Any, graphsafe: bool) -> str:
+    """'' when Megatron's `tracker` is the kind asked for (graph-safe or plain), else one line saying
+    which kind it is.  Megatron keeps the first tracker it initialises: an early plain
+    ``get_cuda_rng_tracker()`` makes a later ``use_cudagraphable_rng=True`` a silent no-op unless
+    ``force_reset=True`` (seen with megatron-core 0.19; the harness always resets)."""
+    got = bool(getattr(tracker, "use_cudagraphable_rng", False))
+    if got == graphsafe:
+        return ""
+    kinds = {True: "graph-safe (use_cudagraphable_rng=True)", False: "plain"}
+    return (f"Megatron-core's global RNG tracker is {kinds[got]}, not the {kinds[graphsafe]} tracker asked "
+            f"for: initialize_rng_tracker kept an earlier tracker (only force_reset=True replaces it)")
 
 
 def _invisible_input(how: str) -> str:
