@@ -17,6 +17,12 @@ op_in_region           some site inside a checkpointed region runs one of these 
 op_outside             some site outside every region (drawn in forward only) runs one of these
 op_nested              some site inside a region nested in another region runs one of these
 site_in_region         some site inside a region runs this op in this dtype ("sdpa_efficient.bf16")
+first_draw_in_region   the first drawing site of some region (its inner regions' sites included:
+                       they run inside it) runs one of these ops (what a policy saving a
+                       region's first RNG op saves)
+op_before_draw         some site of a region (its own) runs one of these ops and a site of that
+                       region drawing with another op from the same stream comes after it (if a policy saves the first op
+                       and recomputes the other, the other redraws from a shifted position)
 after_region           true: some site or region comes after a region, in the program or inside
                        a region (it runs between that region's forward and its recompute);
                        false: none does
@@ -30,6 +36,15 @@ draws_in_region        true: some site inside a region draws (not nodraw, not dr
                        false: nothing inside a region draws
 default_in_region      true: some site inside a region draws from the device's default generator
                        (d, as its own or as the layout gives it); false: none does
+drawn_again_in_region  true: after some region's first draw (its inner regions' included) and up to
+                       its last own site (where a non-reentrant recompute stops), a site draws
+                       from that first draw's stream: a policy that saves the region's first RNG
+                       op shifts it; false: nowhere
+tracked_after_draw     true: such a later site draws from a tracker stream (so that policy
+                       recomputes a tracked draw)
+fused_attention_only   true: some site inside a region draws and every one that does runs fused
+                       attention (sdpa_efficient, sdpa_flash, sdpa_cudnn: what a save list that
+                       keeps those ops saves, so nothing is redrawn); false: otherwise
 draws_outside          true: some site outside every region draws (in forward only, between
                        regions); false: none does
 =====================  ==========================================================================
@@ -53,9 +68,11 @@ ENUM_FACTS: dict[str, type[enum.Enum]] = {
     "mode": AXES["mode"], "layout": AXES["layout"], "capture": AXES["capture"],
     "interleave": AXES["interleave"], "device": AXES["device"], "dtype": Dtype, "shape": Shape,
     "passing": Passing, "op": Op, "op_in_region": Op, "op_outside": Op, "op_nested": Op,
+    "first_draw_in_region": Op, "op_before_draw": Op,
 }
 BOOL_FACTS = ("after_region", "nested", "tracked_in_region", "draws_in_region", "default_in_region",
-              "draws_outside")
+              "draws_outside", "fused_attention_only", "drawn_again_in_region", "tracked_after_draw")
+FUSED_ATTENTION = frozenset([Op.SDPA_EFFICIENT, Op.SDPA_FLASH, Op.SDPA_CUDNN])
 INT_FACTS = ("regions_pending",)
 SITE_FACTS = ("site_in_region",)  # "op.dtype" values
 FACT_KEYS = (*ENUM_FACTS, *SITE_FACTS, *BOOL_FACTS, *INT_FACTS)
@@ -102,6 +119,30 @@ def facts_of(case: Case) -> CaseFacts:
     streams = case.streams()  # every site's stream, its own or the layout's
     drawing_inside = [site for site, _ in inside if ops.REGISTRY[site.op].draws]
     in_region_ops = {site.op.value for site, _ in inside}
+    # A region's own sites, not its inner regions' (each inner region is a checkpoint of its own,
+    # with its own selective policy: a nested region's ops are not the outer policy's to save).
+    own = [[item for item in region.items if not isinstance(item, Region)] for region in program.all_regions()]
+    region_draws = [[site for site in region.sites() if ops.REGISTRY[site.op].draws] for region in program.all_regions()]
+    # A saved RNG op shifts only the later draws of its own stream (a tracked draw does not move
+    # the default generator): what follows must draw from the same stream to be shifted.
+    before_draw = {site.op.value for sites in own for n, site in enumerate(sites)
+                   if any(ops.REGISTRY[later.op].draws and later.op is not site.op
+                          and streams[later.name] == streams[site.name] for later in sites[n + 1:])}
+    # The draws after a region's first draw (its inner regions' count: they run inside it, and
+    # the outer policy sees their ops first) that its recompute reruns: what a policy saving each
+    # region's first RNG op recomputes, shifted when they draw from that first draw's stream.
+    # A non-reentrant recompute stops after the last tensor its region saved itself (torch's early
+    # stop), i.e. at the region's last own site: inner regions' draws before it are rerun too.
+    again, tracked_after = False, False
+    for region in program.all_regions():
+        order = region.sites()
+        mine = {id(item) for item in region.items if not isinstance(item, Region)}
+        last_own = max((n for n, site in enumerate(order) if id(site) in mine), default=-1)
+        drawing = [(n, streams[site.name]) for n, site in enumerate(order[:last_own + 1])
+                   if ops.REGISTRY[site.op].draws]
+        for _, stream in drawing[1:]:
+            again = again or stream == drawing[0][1]
+            tracked_after = tracked_after or stream in TRACKER_STREAMS
     values = {
         "mode": frozenset([case.mode.value]), "layout": frozenset([case.layout.value]),
         "capture": frozenset([case.capture.value]), "interleave": frozenset([case.interleave.value]),
@@ -113,6 +154,8 @@ def facts_of(case: Case) -> CaseFacts:
         "op_outside": frozenset(site.op.value for site in outside),
         "op_nested": frozenset(site.op.value for site, depth in inside if depth >= 2),
         "site_in_region": frozenset(f"{site.op.value}.{site.dtype.value}" for site, _ in inside),
+        "first_draw_in_region": frozenset(draws[0].op.value for draws in region_draws if draws),
+        "op_before_draw": frozenset(before_draw),
     }
     flags = {
         "after_region": any(_after_region(items) for items in [top, *(r.items for r in program.all_regions())]),
@@ -122,6 +165,9 @@ def facts_of(case: Case) -> CaseFacts:
         "draws_in_region": bool(drawing_inside),
         "default_in_region": any(streams[site.name] == "d" for site in drawing_inside),
         "draws_outside": any(ops.REGISTRY[site.op].draws for site in outside),
+        "fused_attention_only": bool(drawing_inside) and all(site.op in FUSED_ATTENTION for site in drawing_inside),
+        "drawn_again_in_region": again,
+        "tracked_after_draw": tracked_after,
     }
     # Regions pending at once: the nesting depth, or siblings at the top (each sibling's recompute
     # waits for backward), whichever is more.

@@ -50,6 +50,28 @@ def test_a_region_that_draws_nothing_and_tracked_sites_outside_regions():
     assert not outside["tracked_in_region"] and outside["draws_outside"] and outside["default_in_region"]
 
 
+def test_what_a_selective_policy_saves_and_redraws():
+    # a saved first op shifts what comes after it (the SAC save-list skew)
+    got = facts("nonreentrant-default-eager-(sdpa_efficient+dropout)-none-cuda")
+    assert got["op_before_draw"] == ["sdpa_efficient"] and got["first_draw_in_region"] == ["sdpa_efficient"]
+    assert got["drawn_again_in_region"] and not got["fused_attention_only"]
+    # the same op twice: a save list that keeps it keeps both, nothing is redrawn after it
+    same = facts("nonreentrant-default-eager-sdpa_cudnn.f16.small.sdpa_kernel.flat-none-cuda")
+    assert same["op_before_draw"] == [] and same["fused_attention_only"]
+    # a site that draws nothing is no draw; an inner region's draws run inside its outer region
+    assert not facts("nonreentrant-default-eager-nodraw.f32.small.positional.flat-none-cpu")["drawn_again_in_region"]
+    assert facts("nonreentrant-default-eager-((native_dropout)+native_dropout)-none-cpu")["drawn_again_in_region"]
+    assert not facts("nonreentrant-default-eager-((randn_like)+(rand_like))-none-cpu")["drawn_again_in_region"]
+    # a later draw from another stream is not shifted by the first one, but a tracked one is redrawn
+    # an inner region's draw before the outer region's last own site is rerun by the outer recompute
+    assert facts("nonreentrant-default-eager-((native_dropout+(native_dropout)+nodraw))-none-cpu")["drawn_again_in_region"]
+    mixed = facts("nonreentrant-mixed-eager-(randn@d+native_dropout@t)-none-cpu")
+    assert not mixed["drawn_again_in_region"] and mixed["tracked_after_draw"]
+    assert not facts("nonreentrant-mixed-eager-(randn@t+native_dropout@d)-none-cpu")["tracked_after_draw"]
+    assert facts("nonreentrant-default-eager-(rand_like+(bernoulli_))-none-cpu")["first_draw_in_region"] == [
+        "bernoulli_", "rand_like"]  # the outer region's first, and the inner region's
+
+
 def _entries(tmp_path, text):
     path = tmp_path / "e.toml"
     path.write_text(text)
@@ -133,3 +155,4 @@ def test_explain_names_the_match_and_why_the_others_miss(capsys):
     assert any(line.startswith("  MATCH torch-reentrant-container") for line in out)
     assert main(["expectations", "conflicts", "--device", "cpu"]) == 0
     assert main(["expectations", "explain", "nope", "--impl", "torch"]) == 2
+

@@ -40,6 +40,12 @@ BUILTIN: dict[str, str] = {
     # torch's other checkpointing paths: selective (SAC) and compiled (the program under torch.compile).
     "torch-sac-recompute": "harness.impls.selective:make_sac_recompute",
     "torch-sac-save-rng": "harness.impls.selective:make_sac_save_rng",
+    "torch-sac-titan": "harness.impls.selective:make_sac_titan",
+    "torch-sac-save-first-rng": "harness.impls.selective:make_sac_save_first_rng",
+    # torch's checkpoint reached the other ways users reach it.
+    "torch-checkpoint-wrapper": "harness.impls.torch_checkpoint:make_checkpoint_wrapper",
+    "torch-decorator": "harness.impls.torch_checkpoint:make_decorator",
+    "torch-partial": "harness.impls.torch_checkpoint:make_partial",
     "torch-compile": "harness.impls.compiled:make_compiled",
     "torch-compile-budget": "harness.impls.compiled:make_budget",
 }

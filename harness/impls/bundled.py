@@ -40,12 +40,13 @@ class BundledAdapter(Adapter):
                     "site, ends in an illegal memory access on an H200 (torch 2.11), where torch's own "
                     "checkpoint passes it (cases/corpus.toml)")
         cudnn = "sdpa_cudnn" in {op.value for op in case.program.ops()}
-        if cudnn and case.capture.value == "single" and case.mode.value == "reentrant":
-            return ("the stash capture strategy is not sound for cuDNN attention in one CUDA graph in "
-                    "reentrant mode: seen twice on an H200 (torch 2.11), wrong gradients (a weight's "
-                    "gradient all zero) in reentrant-untracked-single-sdpa_cudnn.f16.small.sdpa_kernel."
-                    "flat-none and in (sdpa_cudnn.f16) single, both passed by torch's own checkpoint; "
-                    "the non-reentrant cuDNN cell in one graph passed")
+        if cudnn and case.capture.value in ("single", "separate") and case.mode.value == "reentrant":
+            return ("the stash capture strategy is not sound for cuDNN attention under CUDA-graph capture in "
+                    "reentrant mode: on an H200 (torch 2.11) every one of 144 cells of the full matrix's "
+                    "reentrant flat cuDNN slice (separate and single capture; default, tracked and untracked "
+                    "layouts; positional, keyword and sdpa_kernel passing) gives wrong gradients with the "
+                    "masks right, where torch's own checkpoint passes every untracked and default one; the "
+                    "non-reentrant cuDNN cells under capture pass")
         return None
 
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
