@@ -3,12 +3,15 @@
 Exit status: 0 when every case passed or failed as expected, 1 when a case failed unexpectedly
 (or failed differently than expected, or an expected failure went stale, or bundled/torch declared
 a case unsupported), 2 for bad input (one line on stderr, no traceback), 130 when interrupted
-(Ctrl-C: the report of the cases that finished is written, marked interrupted).
+(Ctrl-C) and 143 when terminated (SIGTERM, as a CI job at its time limit): every case's record is
+in the report directory's results.jsonl the moment it is judged, and the report of the cases that
+finished is written, marked interrupted (a second Ctrl-C does not stop that).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -19,13 +22,15 @@ from typing import Any, Sequence
 from . import expectations as expectations_mod
 from . import impls, isolation, shards
 from . import report as reporting
-from . import repro_script, timeline
+from . import repro_script, stops, timeline
 from .report import cli as report_cli
 from .cases import AXES, MATRICES, Capture, CaseError, Case, Device, generate, parse_case_id, parse_value
 from .execution import (
-    INTERRUPTED, UsageError, adapter_version, check_selection, load_targets, proved_nothing, resolve_devices,
-    run_case,
+    INTERRUPTED, REQUIRE_CUDA_ENV, UsageError, adapter_version, check_selection, cuda_visible, load_targets,
+    proved_nothing, resolve_devices, run_case,
 )
+from .report.env import environment
+from .report.live import LiveResults
 from .report.cli import UsageFailure  # one class for every subcommand's bad input
 
 
@@ -83,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="run cases in this process (faster start; a crashing case ends the run)")
     p_run.add_argument("--case-timeout", type=float, default=isolation.DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"per-case time limit in seconds when isolated (default {isolation.DEFAULT_TIMEOUT_S:g})")
+    p_run.add_argument("--require-cuda", action="store_true",
+                       help="exit 2 when no CUDA device is visible instead of running the CPU subset "
+                            "(also: HARNESS_REQUIRE_CUDA=1; for GPU CI jobs)")
     p_run.add_argument("--allow-unsupported", action="store_true",
                        help="run an impl named here even when its package cannot load (every case unsupported)")
 
@@ -119,9 +127,12 @@ def _parser() -> argparse.ArgumentParser:
                              "must not poison every later case)")
     p_fuzz.add_argument("--no-isolate", dest="isolate", action="store_false", help="run cases in this process")
     p_fuzz.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_fuzz.add_argument("--save", dest="save", action="store_true", default=False,
+                        help="add each new (unexpected) failure found to the corpus, which the default matrix "
+                             "replays; without it nothing is written (known bugs are never added)")
+    p_fuzz.add_argument("--no-save", dest="save", action="store_false", help="the default: write nothing")
     p_fuzz.add_argument("--corpus", default=None, metavar="FILE",
-                        help="where a found failure is added (default: cases/corpus.toml)")
-    p_fuzz.add_argument("--no-save", dest="save", action="store_false", help="do not add a found failure to the corpus")
+                        help="with --save: where a found failure is added (default: cases/corpus.toml)")
     p_fuzz.add_argument("--no-database", dest="database", action="store_false",
                         help="no Hypothesis example database (default: .hypothesis/harness-fuzz replays earlier failures first)")
     p_fuzz.add_argument("--allow-unsupported", action="store_true",
@@ -181,45 +192,72 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    require_cuda = args.require_cuda or os.environ.get(REQUIRE_CUDA_ENV, "") not in ("", "0")
+    if require_cuda and not cuda_visible():
+        raise UsageFailure("--require-cuda: no CUDA device is visible (torch.cuda.is_available() is False): "
+                           "refusing to run the CPU subset instead")
     cases = _selected_cases(args)
     targets = load_targets(args.impl, allow_unsupported=args.allow_unsupported)
     entries = expectations_mod.load(args.expectations)
     shard = shards.parse_shard(args.shard) if args.shard else None
-    if args.case_timeout <= 0:
-        raise UsageFailure(f"--case-timeout must be positive, got {args.case_timeout:g}")
+    if not math.isfinite(args.case_timeout) or args.case_timeout <= 0:
+        raise UsageFailure(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
     report_dir = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
     reporting.check_report_dir(report_dir)
     work = [(t, c) for t in targets for c in cases if shards.in_shard(t.name, c.id, shard)]
     if not work:
         raise UsageFailure("no case to run: the filters and --shard select nothing")
+    if not args.case and args.device.strip().lower() == "auto":
+        print(_device_line(cases), flush=True)
     worker = isolation.CaseWorker(args.case_timeout) if args.isolate else None
     progress = Progress(len(work), quiet=args.quiet)
     records: list[dict[str, Any]] = []
-    interrupted = None
+    interrupted, status = None, 0
+    env = environment()
+    live = LiveResults(report_dir)  # every record on disk the moment it is judged
     try:
-        for target, case in work:
-            record = run_case(target, case, entries, worker=worker).record
-            record["worker"] = "main"
-            records.append(record)
-            progress.update(record)
-    except KeyboardInterrupt:
-        interrupted = f"interrupted after {len(records)} of {len(work)} cases"
+        with stops.stoppable():
+            for target, case in work:
+                record = run_case(target, case, entries, worker=worker).record
+                record["worker"] = "main"
+                record["env"] = env
+                records.append(record)
+                live.append(record)
+                progress.update(record)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stops.Terminated)
+        interrupted = f"{stops.describe(stop)} after {len(records)} of {len(work)} cases"
+        status = stops.status(stop)
         print(f"\n{interrupted}: writing the report of the finished cases", file=sys.stderr, flush=True)
     finally:
+        live.close()
         if worker is not None:
-            worker.close()
+            with stops.shielded():
+                worker.close()
     if interrupted and not records:
-        print("no case finished: no report written", file=sys.stderr)
-        return INTERRUPTED
-    written = reporting.write(records, report_dir, expectations=entries, interrupted=interrupted)
+        print(f"no case finished: nothing to report ({live.path} is empty)", file=sys.stderr)
+        return status
+    with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report of what finished
+        written = reporting.write(records, report_dir, env, expectations=entries, interrupted=interrupted)
     progress.finish(written)
     if interrupted:
-        return INTERRUPTED
+        return status
     idle = [] if args.allow_unsupported else proved_nothing(targets, records)
     for line in idle:
         print(f"error: {line}", file=sys.stderr)
     counts = Counter(r["verdict"] for r in records)
     return 1 if counts["fail"] or counts["stale"] or idle else 0
+
+
+def _device_line(cases: Sequence[Case]) -> str:
+    """The first line of an auto-device run: which device the cases run on, and why."""
+    if cuda_visible():
+        import torch
+
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        return (f"device: cuda ({torch.cuda.device_count()} visible: {', '.join(names)}), "
+                f"{len(cases)} cases (--device cpu for the CPU subset)")
+    return (f"device: no CUDA device visible (torch.cuda.is_available() is False): running the CPU subset, "
+            f"{len(cases)} cases (--require-cuda or {REQUIRE_CUDA_ENV}=1 makes that an error)")
 
 
 class Progress:
@@ -309,8 +347,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     entries = expectations_mod.load(args.expectations)
     if args.examples is not None and args.examples < 1:
         raise UsageFailure(f"--examples must be at least 1, got {args.examples}")
-    if args.budget is not None and args.budget <= 0:
-        raise UsageFailure(f"--budget must be positive, got {args.budget:g}")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise UsageFailure(f"--budget must be a positive number of seconds, got {args.budget:g}")
     budget = 60.0 if args.examples is None and args.budget is None else args.budget
     if args.corpus and args.save:
         reporting.check_report_dir(Path(args.corpus).resolve().parent)
@@ -351,13 +389,17 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         return 0
     for number, finding in enumerate(found.findings, 1):
         _print_finding(finding, number, len(found.findings), target.name)
-        if args.save:
-            from . import corpus
+        if finding.run.record.get("verdict") != "fail":
+            continue  # a known bug (an entry claims it): nothing new to keep
+        if not args.save:
+            print("corpus:  not saved (--save adds it to cases/corpus.toml, which the default matrix replays)")
+            continue
+        from . import corpus
 
-            path = Path(args.corpus) if args.corpus else corpus.DEFAULT_PATH
-            added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
-            print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
-                  "a known bug of an impl needs an entry in the expectations file too)")
+        path = Path(args.corpus) if args.corpus else corpus.DEFAULT_PATH
+        added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
+        print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
+              "a known bug of an impl needs an entry in the expectations file too)")
     repeats = f", {found.repeats} more like them" if found.repeats else ""
     if found.noisy:
         repeats += f", {found.noisy} not repeated bit for bit by a second run (nondeterministic attention backward)"

@@ -23,10 +23,14 @@ from . import impls
 from .cases import Case, Capture, Device
 from .runner import CaseResult, run
 
-INTERRUPTED = 130  # exit status after Ctrl-C: the shell's status for a process ended by SIGINT
+from .stops import INTERRUPTED  # exit status after Ctrl-C
+
+# Set (to anything but 0) by a GPU CI job: no CUDA device visible is then bad input (exit 2), never
+# a silent run of the CPU subset (`python -m harness run` and the pytest plugin read it).
+REQUIRE_CUDA_ENV = "HARNESS_REQUIRE_CUDA"
 
 __all__ = [
-    "INTERRUPTED",
+    "INTERRUPTED", "REQUIRE_CUDA_ENV",
     "CaseRun", "Target", "UsageError", "adapter_version", "check_selection", "cuda_visible", "load_targets",
     "must_support", "proved_nothing", "resolve_devices", "run_case",
 ]

@@ -577,6 +577,12 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
 
     result.mismatches = check(reference.record, under_test.record, sites, iterations, outputs, drawing=result.draws)
     result.outcome = "mismatch" if result.mismatches else "pass"
+    if result.outcome == "pass" and not result.draws:
+        # Equal bits with nothing random drawn says nothing about RNG under checkpointing.
+        result.outcome = "skipped"
+        result.reason = (f"nothing random to judge: the model drew no random numbers in {iterations} iterations "
+                         "(dropout 0, eval mode, or no RNG op); outputs and gradients matched")
+        return
     result.first_divergent = first_divergent_draw(result.mismatches, result.draws)
     if result.mismatches and result.first_divergent is None:
         result.diagnosis = diagnose(result.mismatches, reference.record, under_test.record)

@@ -8,13 +8,17 @@ the expectations file says) -> xfailed; fail (unexpected, or a wrong failure, or
 cell of an impl that must support everything) and stale -> failed, with the reason and a rerun
 line; skip -> skipped with the reason.  The result record rides on `item.user_properties`, which
 pytest-xdist ships from workers to the controller, so the controller alone writes one report for
-the run (also after Ctrl-C: marked interrupted, exit status 130).
+the run: each record is appended to its results.jsonl as it arrives, and the full report is
+written at the end, also after Ctrl-C (marked interrupted, exit status 130) and SIGTERM (marked
+terminated, exit status 143).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +26,13 @@ from typing import Any
 import pytest
 
 from . import expectations as expectations_mod
-from . import gpus, impls, isolation, shards
+from . import gpus, impls, isolation, shards, stops
 from . import report as reporting
+from .report.live import LiveResults
 from .cases import AXES, ID_PARTS, MATRICES, CaseError, Case, generate, parse_case_id, parse_programs
 from .execution import (
-    INTERRUPTED, Target, UsageError, load_targets, proved_nothing, resolve_devices, run_case,
+    INTERRUPTED, REQUIRE_CUDA_ENV, Target, UsageError, cuda_visible, load_targets, proved_nothing, resolve_devices,
+    run_case,
 )
 
 RESULT_PROPERTY = "harness_result"
@@ -81,6 +87,9 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         targets = load_targets(config.getoption("impl"), allow_unsupported=config.getoption("allow_unsupported"))
         config._harness_impls = {t.name: t for t in targets}  # type: ignore[attr-defined]
+        if os.environ.get(REQUIRE_CUDA_ENV, "") not in ("", "0") and not cuda_visible():
+            raise UsageError(f"{REQUIRE_CUDA_ENV} is set and no CUDA device is visible "
+                             "(torch.cuda.is_available() is False): refusing to run the CPU subset instead")
         config._harness_devices = resolve_devices(config.getoption("device"))  # type: ignore[attr-defined]
         parse_programs(",".join(config.getoption("program")))  # a bad name is one line, here
         entries = expectations_mod.load(config.getoption("expectations"))
@@ -95,7 +104,10 @@ def pytest_configure(config: pytest.Config) -> None:
             reporting.ReportError) as exc:
         pytest.exit(f"error: {exc}", returncode=2)
     config._harness_expectations = entries  # type: ignore[attr-defined]
-    config.pluginmanager.register(ReportCollector(config), "harness-report")
+    collector = ReportCollector(config)
+    config.pluginmanager.register(collector, "harness-report")
+    if workerinput is None:
+        collector.catch_sigterm()
     if workerinput is None:
         for line in expectations_mod.entry_problems(entries):
             config.issue_config_time_warning(pytest.PytestWarning(f"expectations: {line}"), stacklevel=2)
@@ -188,6 +200,26 @@ class ReportCollector:
         self.records: dict[tuple[str, str], dict[str, Any]] = {}
         self.line = ""
         self.expected = 0  # harness cases collected: the n of "interrupted after k of n"
+        self.live: LiveResults | None = None  # results.jsonl, opened at the first record
+        self.terminated = False
+        self._target: Path | None = None
+
+    def catch_sigterm(self) -> None:
+        """SIGTERM (a CI job's time limit) stops the session like Ctrl-C: pytest finishes it and
+        the report of the finished cases is written (exit status 143)."""
+        def stop(signum: int, frame: Any) -> None:
+            self.terminated = True
+            raise stops.Terminated()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, stop)
+
+    def target(self) -> Path:
+        """The report directory, chosen once (--report-dir, else a new one under reports/)."""
+        if self._target is None:
+            option = self.config.getoption("report_dir")
+            self._target = Path(option) if option else reporting.default_report_dir(self.config.rootpath / "reports")
+        return self._target
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.expected = _harness_ids([item.nodeid for item in session.items])  # after -k / -m
@@ -200,24 +232,40 @@ class ReportCollector:
         for name, value in report.user_properties:
             if name == RESULT_PROPERTY:
                 record = json.loads(value)
-                self.records.setdefault((record["impl"], record["case_id"]), record)
+                key = (record["impl"], record["case_id"])
+                if key in self.records:
+                    continue
+                self.records[key] = record
+                if not hasattr(self.config, "workerinput"):
+                    self._keep(record)
+
+    def _keep(self, record: dict[str, Any]) -> None:
+        """Append the record to the report directory's results.jsonl now (a killed run keeps it)."""
+        try:
+            if self.live is None:
+                self.live = LiveResults(self.target())
+            self.live.append(record)
+        except (reporting.ReportError, OSError):
+            pass  # the final write reports an unwritable directory, once
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):
             return  # xdist workers ship records to the controller, which writes the report
+        if self.live is not None:
+            self.live.close()
         interrupted = None
-        if session.exitstatus == pytest.ExitCode.INTERRUPTED:
-            interrupted = f"interrupted after {len(self.records)} of {max(self.expected, len(self.records))} cases"
-            session.exitstatus = INTERRUPTED
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED or self.terminated:
+            how = "terminated (SIGTERM)" if self.terminated else "interrupted"
+            interrupted = f"{how} after {len(self.records)} of {max(self.expected, len(self.records))} cases"
+            session.exitstatus = stops.TERMINATED if self.terminated else INTERRUPTED
         if not self.records:
             self.line = f"harness: {interrupted}: no report written" if interrupted else ""
             return
-        option = self.config.getoption("report_dir")
-        target = Path(option) if option else reporting.default_report_dir(self.config.rootpath / "reports")
         try:
-            written = reporting.write(list(self.records.values()), target, interrupted=interrupted,
-                                      expectations=self.config._harness_expectations)  # type: ignore[attr-defined]
+            with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report
+                written = reporting.write(list(self.records.values()), self.target(), interrupted=interrupted,
+                                          expectations=self.config._harness_expectations)  # type: ignore[attr-defined]
         except reporting.ReportError as exc:
             self.line = f"harness report NOT written: {exc}"
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR

@@ -24,6 +24,11 @@ def keyword_factory():
     return ModelCase(Net(), {"x": torch.rand(4, 8)})
 
 
+def no_dropout_factory():
+    """A model that draws no random numbers at all (dropout 0): nothing random to judge."""
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.0)), torch.rand(4, 8)
+
+
 def raising_factory():
     raise RuntimeError("no weights here")
 

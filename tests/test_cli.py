@@ -311,3 +311,23 @@ def test_the_command_line_does_not_import_pytest(tmp_path):
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert "exit 0" in proc.stdout, proc.stdout + proc.stderr
     assert "pytest imported: False" in proc.stdout
+
+
+def test_an_auto_device_run_says_which_device_and_require_cuda_refuses_the_cpu_subset(tmp_path, capsys, monkeypatch):
+    # No GPU here: the main command's first line says it runs the CPU subset and why; a GPU CI job
+    # (--require-cuda, or HARNESS_REQUIRE_CUDA=1) exits 2 instead of passing green on the CPU.
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a visible CUDA device")
+    args = ["run", "--impl", "bundled", "--program", "flat", "--mode", "reentrant", "--layout", "default",
+            "--interleave", "none", "-q", "--no-isolate", "--report-dir", str(tmp_path / "r")]
+    assert main(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("device: no CUDA device visible") and "running the CPU subset, 1 cases" in first
+    assert main([*args, "--require-cuda"]) == 2
+    assert "--require-cuda: no CUDA device is visible" in capsys.readouterr().err
+    monkeypatch.setenv("HARNESS_REQUIRE_CUDA", "1")
+    assert main(args) == 2
+    monkeypatch.setenv("HARNESS_REQUIRE_CUDA", "0")
+    assert main(args) == 0

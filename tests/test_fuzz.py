@@ -107,8 +107,14 @@ def test_the_example_database_replays_a_failure_first(tmp_path):
 
 def test_the_command_prints_the_shrunk_program_and_adds_it_to_the_corpus(tmp_path, capsys):
     path = tmp_path / "corpus.toml"
+    empty = tmp_path / "none.toml"  # no expectations: the control's failure is a new one
+    empty.write_text("")
     args = ["fuzz", "--impl", "neg-no-rewind", "--device", "cpu", "--examples", "50", "--seed", "1",
-            "--no-database", "--corpus", str(path)]
+            "--no-database", "--corpus", str(path), "--expectations", str(empty)]
+    # a plain run writes nothing (a tracked corpus file must not change behind the user's back)
+    assert main(args) == 1
+    assert "corpus:  not saved (--save adds it" in capsys.readouterr().out and not path.exists()
+    args.append("--save")
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "  program  (native_dropout)" in out and "recompute-mask" in out
@@ -122,7 +128,9 @@ def test_the_command_prints_the_shrunk_program_and_adds_it_to_the_corpus(tmp_pat
 
 @pytest.mark.parametrize("args, message", [
     (["--examples", "0"], "--examples must be at least 1"),
-    (["--budget", "-1"], "--budget must be positive"),
+    (["--budget", "-1"], "--budget must be a positive number of seconds"),
+    (["--budget", "nan"], "--budget must be a positive number of seconds"),
+    (["--budget", "inf"], "--budget must be a positive number of seconds"),
     (["--impl", "nope"], "nope"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
@@ -183,3 +191,14 @@ def test_a_deterministic_case_is_not_run_again():
     for case_id in ("reentrant-default-eager-(native_dropout)-none-cuda", "reentrant-default-eager-(rand)-none-cpu"):
         run = _Run(case_id, "mismatch", ["x"])
         assert fuzz._repeats(run, lambda: pytest.fail("ran again"))
+
+
+def test_a_known_bug_is_never_saved_to_the_corpus(tmp_path, capsys):
+    # the control's bug is an entry of the expectations file: found, reported as known, and not
+    # written anywhere even with --save
+    path = tmp_path / "corpus.toml"
+    assert main(["fuzz", "--impl", "neg-no-rewind", "--device", "cpu", "--examples", "50", "--seed", "1",
+                 "--no-database", "--save", "--corpus", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "known failures by entry" in out and "corpus:" not in out
+    assert not path.exists()

@@ -148,3 +148,44 @@ def test_ctrl_c_stops_pytest_with_130_and_a_report_of_the_finished_cases(tmp_pat
     for name in ("summary.md", "report.html"):
         assert message in (tmp_path / "r" / name).read_text(), name
     assert int(match.group(1)) == 2, message  # the cases selected, after -k / -m deselection
+
+
+def test_sigterm_stops_the_command_line_with_143_and_the_finished_cases_are_on_disk_before_it(tmp_path):
+    # A CI job at its time limit gets SIGTERM.  The finished case must be in results.jsonl while the
+    # run still goes on (a SIGKILL later would lose nothing), and SIGTERM writes the marked report.
+    run = Watched([sys.executable, "-m", "harness", "run", "--device", "cpu", "--case", CASE,
+                   "--impl", f"bundled,{HANG}", "--case-timeout", "600", "--report-dir", str(tmp_path / "r")],
+                  tmp_path / "stderr.txt")
+    try:
+        run.wait_for(rf"^\[1/2\] pass\s+pass\s+bundled {CASE}$")
+        [on_disk] = report_records(tmp_path / "r")  # appended the moment it was judged
+        assert (on_disk["impl"], on_disk["case_id"], on_disk["verdict"]) == ("bundled", CASE, "pass")
+        run.proc.send_signal(signal.SIGTERM)
+        status = run.proc.wait(timeout=PROCESS_LIMIT_S)
+    finally:
+        run.kill()
+    assert status == 143, run.stdout + run.stderr
+    message = "terminated (SIGTERM) after 1 of 2 cases"
+    assert message in run.stderr and "Traceback" not in run.stderr
+    [record] = report_records(tmp_path / "r")
+    assert record["interrupted"] == message
+    assert message in (tmp_path / "r" / "summary.md").read_text()
+
+
+def test_sigterm_stops_pytest_with_143_and_a_marked_report(tmp_path):
+    keyword = f"bundled-{CASE} or make_hang-{CASE}"
+    run = Watched([sys.executable, "-m", "pytest", "cases", "-p", "no:cacheprovider", "-p", "no:xdist",
+                   "--impl", f"bundled,{HANG}", "--isolate", "--case-timeout", "600", "-k", keyword,
+                   "--report-dir", str(tmp_path / "r"), "-v"], tmp_path / "stderr.txt")
+    try:
+        run.wait_for(rf"test_case\[bundled-{CASE}\] PASSED")
+        run.wait_for(rf"test_case\[{HANG}-{CASE}\]")
+        [on_disk] = report_records(tmp_path / "r")  # kept before the session ends
+        assert on_disk["case_id"] == CASE
+        run.proc.send_signal(signal.SIGTERM)
+        status = run.proc.wait(timeout=PROCESS_LIMIT_S)
+    finally:
+        run.kill()
+    assert status == 143, run.stdout[-3000:] + run.stderr[-3000:]
+    [record] = report_records(tmp_path / "r")
+    assert record["interrupted"] == "terminated (SIGTERM) after 1 of 2 cases"

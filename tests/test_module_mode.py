@@ -430,3 +430,12 @@ def test_a_model_that_raises_without_checkpointing_is_not_the_impls_error():
     assert result.outcome == "skipped"
     assert result.reason.startswith("cannot judge: the model without checkpointing raised under eager capture")
     assert "ValueError: this model raises" in result.reason
+
+
+def test_a_model_with_no_rng_draw_is_nothing_to_judge_not_a_pass(capsys):
+    # bits equal with nothing random drawn would be a pass that tested nothing
+    result = run_module("module_factories:no_dropout_factory", impls.load("torch"))
+    assert result.outcome == "skipped" and result.reason.startswith("nothing random to judge")
+    assert main(["module", "module_factories:no_dropout_factory", "--impl", "torch", "--device", "cpu"]) == 1
+    captured = capsys.readouterr()
+    assert "nothing random to judge" in captured.out and "none of its 1 selected" in captured.err

@@ -88,7 +88,22 @@ def test_compare_matches_the_same_gpu_on_another_runner_and_keeps_other_gpus_apa
     assert main(["compare", str(base), str(new)]) == 1
     out = capsys.readouterr().out
     assert "New failures: 1" in out and "NVIDIA H100 (sm_90) x1 @ ci-zzz" in out
-    assert "Only in base (not run in new): 0" in out and "Only in new (not run in base): 0" in out
+    assert "Only in base (not run in new: a regression unless --allow-missing): 0" in out
+    assert "Only in new (not run in base): 0" in out
+
+
+def test_compare_fails_when_cases_of_the_base_did_not_run_unless_allowed(tmp_path, capsys):
+    # A run that lost most of its cases (a crashed shard, a narrower selection by mistake) must not
+    # compare green: a case that did not run is never fine.
+    base = write(tmp_path / "base", [rec(IDS[0]), rec(IDS[1]), rec(IDS[2])])
+    new = write(tmp_path / "new", [rec(IDS[0])])
+    assert main(["compare", str(base), str(new)]) == 1
+    captured = capsys.readouterr()
+    assert "Only in base (not run in new: a regression unless --allow-missing): 2" in captured.out
+    assert "error: 2 case(s) of" in captured.err and "--allow-missing" in captured.err
+    assert main(["compare", str(base), str(new), "--allow-missing"]) == 0
+    assert "Only in base (not run in new; allowed): 2" in capsys.readouterr().out
+    assert main(["compare", str(new), str(base)]) == 0  # new cases alone are listed, not a failure
 
 
 @pytest.mark.parametrize("content, message", [

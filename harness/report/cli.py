@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -154,8 +155,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     base = read_nonempty(args.base)
     new = read_nonempty(args.new)
-    comparison = report_merge.compare(base, new)
+    comparison = report_merge.compare(base, new, allow_missing=args.allow_missing)
     print("\n".join(comparison.lines(str(args.base), str(args.new))))
+    if comparison.only_base and not args.allow_missing:
+        print(f"error: {len(comparison.only_base)} case(s) of {args.base} did not run in {args.new} "
+              "(--allow-missing if the selection changed on purpose)", file=sys.stderr)
     return 1 if comparison.failed else 0
 
 
@@ -175,8 +179,12 @@ def add_commands(sub: Any, commands: dict[str, Callable[[argparse.Namespace], in
     p_compare = sub.add_parser("compare", help="new failures, regressions, fixed cases and changed results; "
                                                "exit 1 on a new failure or a regression",
                                description="Compare two reports case by case. Exit status 1 when a case "
-                                           "fails in NEW that did not fail in BASE, or passed in BASE and "
-                                           "is unsupported or skipped in NEW.")
+                                           "fails in NEW that did not fail in BASE, passed in BASE and is "
+                                           "unsupported or skipped in NEW, or ran in BASE and is absent "
+                                           "from NEW (unless --allow-missing).")
     p_compare.add_argument("base", metavar="BASE", help="report directory (or results.jsonl) of the base run")
     p_compare.add_argument("new", metavar="NEW", help="report directory (or results.jsonl) of the new run")
+    p_compare.add_argument("--allow-missing", action="store_true",
+                           help="cases of BASE absent from NEW are listed, not a regression (the selection "
+                                "changed on purpose)")
     commands["compare"] = cmd_compare

@@ -165,10 +165,13 @@ class Comparison:
     only_new: list[Change] = field(default_factory=list)
     env_notes: list[str] = field(default_factory=list)
 
+    allow_missing: bool = False  # the selection changed on purpose: cases only in base are not regressions
+
     @property
     def failed(self) -> bool:
-        """Whether CI should fail: a new failure or a regression."""
-        return bool(self.new_failures or self.regressions)
+        """Whether CI should fail: a new failure, a regression, or (unless `allow_missing`) a case of
+        the base that the new run did not run at all (a case that did not run is never fine)."""
+        return bool(self.new_failures or self.regressions or (self.only_base and not self.allow_missing))
 
     def lines(self, base_name: str, new_name: str) -> list[str]:
         """The comparison as text for a terminal or a CI log."""
@@ -179,7 +182,9 @@ class Comparison:
                                      self.regressions, None),
                                     ("Fixed", self.fixed, None),
                                     ("Changed results", self.changed, None),
-                                    ("Only in base (not run in new)", self.only_base, MAX_LISTED),
+                                    ("Only in base (not run in new: a regression unless --allow-missing)"
+                                     if not self.allow_missing else "Only in base (not run in new; allowed)",
+                                     self.only_base, MAX_LISTED),
                                     ("Only in new (not run in base)", self.only_new, MAX_LISTED)):
             out.append(f"{title}: {len(items)}")
             shown = items if limit is None else items[:limit]
@@ -189,7 +194,8 @@ class Comparison:
         return out
 
 
-def compare(base: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> Comparison:
+def compare(base: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], *,
+            allow_missing: bool = False) -> Comparison:
     """Compare two reports case by case (impl, case id, matched environment).
 
     A new failure is a case that fails (mismatch, error, crash, timeout) in `new` and did not fail
@@ -197,10 +203,11 @@ def compare(base: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]])
     the same outcome), or that is new in `new` and fails unexpectedly.  A regression passed in
     `base` and is unsupported or skipped in `new`.  Fixed: failed in `base`, passes in `new`.
     Changed: any other difference of outcome or verdict, or a failure whose failing oracles moved.
+    A case of `base` absent from `new` fails the comparison unless `allow_missing`.
     """
     base_envs, new_envs = _envs(base), _envs(new)
     mapping = match_environments(base_envs, new_envs)
-    result = Comparison(len(base), len(new))
+    result = Comparison(len(base), len(new), allow_missing=allow_missing)
     for new_key, base_key in mapping.items():
         if new_key != base_key:
             result.env_notes.append(f"environment {new_key} (new) compared with {base_key} (base)")

@@ -1,0 +1,68 @@
+"""How a run stops early and still leaves its report: SIGTERM, Ctrl-C, a second Ctrl-C.
+
+CI systems end a job at its time limit with SIGTERM (then SIGKILL a while later).  While a run's
+cases execute, `stoppable` turns SIGTERM into `Terminated`, a KeyboardInterrupt, so the code that
+already writes the report of the finished cases after Ctrl-C does the same after SIGTERM; `status`
+gives the exit status the shell would show (130 for SIGINT, 143 for SIGTERM).  While that report is
+written, `shielded` ignores both signals: a second Ctrl-C no longer leaves a traceback and no
+report.  Signal handlers can only be set from the main thread; elsewhere both are no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Any, Iterator
+
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+TERMINATED = 143  # ... and by SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while cases ran."""
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def stoppable() -> Iterator[None]:
+    """SIGTERM raises `Terminated` inside the block (the previous handler is put back after)."""
+    if not _main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored inside the block: the report of a stopped run gets written."""
+    if not _main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def status(stop: BaseException) -> int:
+    """The exit status for a run stopped by `stop` (143 after SIGTERM, else 130)."""
+    return TERMINATED if isinstance(stop, Terminated) else INTERRUPTED
+
+
+def describe(stop: BaseException) -> str:
+    """'terminated (SIGTERM)' or 'interrupted' for the report's marker."""
+    return "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
