@@ -72,14 +72,18 @@ def _selected_cases(args: argparse.Namespace, runnable: bool = True) -> list[Cas
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p_list = sub.add_parser("list", help="print the case ids the filters select")
+    p_list = sub.add_parser("list", help="print the case ids the filters select (--impls: the implementations)")
     _add_filters(p_list)
+    p_list.add_argument("--impls", action="store_true",
+                        help="list the implementations instead: name, what it is, available here or why not")
 
     p_run = sub.add_parser("run", help="run cases for one or more impls and write a report")
     _add_filters(p_run)
-    p_run.add_argument("--impl", action="append", default=[], help="impl name(s) or module:factory; default bundled")
+    p_run.add_argument("--impl", action="append", default=[],
+                       help="impl name(s) or module:factory; default bundled (the names: python -m harness list --impls)")
     p_run.add_argument("--report-dir", default=None, help="default: reports/<timestamp>-<pid>")
     p_run.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
     p_run.add_argument("-q", "--quiet", action="store_true", help="print only the final counts")
@@ -96,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p_repro = sub.add_parser("repro", help="run one case alone and explain it: mismatches and RNG timeline")
     p_repro.add_argument("case_id")
-    p_repro.add_argument("--impl", default="bundled")
+    p_repro.add_argument("--impl", default="bundled",
+                        help="impl name or module:factory (default bundled; the names: python -m harness list --impls)")
     p_repro.add_argument("--script", metavar="FILE", default=None,
                          help="also write a standalone Python script that reproduces the case")
     p_repro.add_argument("--all-streams", action="store_true",
@@ -107,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p_fuzz = sub.add_parser("fuzz", help="run random region programs under one impl; shrink a failure to "
                                          "its smallest program")
-    p_fuzz.add_argument("--impl", default="bundled")
+    p_fuzz.add_argument("--impl", default="bundled",
+                        help="impl name or module:factory (default bundled; the names: python -m harness list --impls)")
     p_fuzz.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
     amount = p_fuzz.add_mutually_exclusive_group()
     amount.add_argument("--budget", type=float, default=None, metavar="SECONDS",
@@ -161,10 +167,12 @@ def _parser() -> argparse.ArgumentParser:
                           help="run the impl even when its package cannot load")
 
     p_bench = sub.add_parser("bench", help="measure speed and memory of one impl's default matrix")
-    p_bench.add_argument("--impl", default="bundled")
+    p_bench.add_argument("--impl", default="bundled",
+                        help="impl name or module:factory (default bundled; the names: python -m harness list --impls)")
     p_bench.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
     p_bench.add_argument("--cases", type=int, default=None, metavar="N",
-                         help="cases to run in all, repeating the matrix (default: 1000 on cuda, one matrix on cpu)")
+                         help="cases to run in all, repeating the matrix (default: 1000 on cuda, one matrix on cpu, "
+                              "and then the default matrix's wall time in a fresh process; with N, only N cases)")
     p_bench.add_argument("--json", default="bench.json", metavar="FILE", help="where the figures go (default bench.json)")
     p_bench.add_argument("--allow-unsupported", action="store_true",
                          help="run the impl even when its package cannot load (every case unsupported)")
@@ -185,9 +193,37 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The harness's version and the torch it runs on (torch imported only when asked)."""
+    from . import __version__
+
+    try:
+        import torch
+
+        under = f"torch {torch.__version__}"
+    except Exception as exc:  # --version must answer even where torch is broken
+        under = f"torch does not import: {type(exc).__name__}"
+    return f"ckpt-rng-harness {__version__} ({under})"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.impls:
+        return _list_impls()
     for case in _selected_cases(args, runnable=False):
         print(case.id)
+    return 0
+
+
+def _list_impls() -> int:
+    """Every registered impl, one line each: name, available (or why not), what it is."""
+    for name in sorted(impls.registered()):
+        try:
+            adapter = impls.load(name)
+            why = adapter.unavailable() if callable(getattr(adapter, "unavailable", None)) else None
+            what = getattr(adapter, "description", "") or ""
+        except impls.ImplError as exc:
+            why, what = str(exc), ""
+        print(f"{name:26} available    {what}" if why is None else f"{name:26} unavailable: {why}")
     return 0
 
 
@@ -302,7 +338,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
             # The script re-implements the workload eagerly; it would reproduce another program.
             raise UsageError(f"--script does not cover compiled impls ({target.name}): the script runs the "
                              "program eagerly; rerun with `python -m harness repro` instead")
-        reporting.check_report_dir(Path(args.script).resolve().parent)
+        reporting.check_output_file(args.script, "--script")
     done = run_case(target, case, entries, timeline=True)
     result, record = done.result, done.record
     print(f"{target.name} {case.id}: {result.outcome.value} ({result.duration_s:.2f}s); verdict {record['verdict']}")
@@ -351,7 +387,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageFailure(f"--budget must be a positive number of seconds, got {args.budget:g}")
     budget = 60.0 if args.examples is None and args.budget is None else args.budget
     if args.corpus and args.save:
-        reporting.check_report_dir(Path(args.corpus).resolve().parent)
+        reporting.check_output_file(args.corpus, "--corpus")
     seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
     isolate = device == "cuda" if args.isolate is None else args.isolate  # a sticky CUDA error poisons
@@ -473,8 +509,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     total = args.cases if args.cases is not None else (1000 if device == "cuda" else len(list(generate(device=device))))
     if total < 1:
         raise UsageFailure(f"--cases must be at least 1, got {total}")
-    reporting.check_report_dir(Path(args.json).resolve().parent)
-    figures = bench.bench(target, device, total)
+    reporting.check_output_file(args.json, "--json")
+    figures = bench.bench(target, device, total, matrix_wall=args.cases is None)
     print(bench.render(figures))
     bench.write_json(figures, args.json)
     print(f"figures: {args.json}")
@@ -500,9 +536,10 @@ def cmd_module(args: argparse.Namespace) -> int:
     if args.iterations < 2:
         raise UsageFailure(f"--iterations must be at least 2 (the second shows what a leaked draw does next), "
                            f"got {args.iterations}")
-    for path in (args.report_dir, args.script and str(Path(args.script).resolve().parent)):
-        if path:
-            reporting.check_report_dir(path)
+    if args.report_dir:
+        reporting.check_report_dir(args.report_dir)
+    if args.script:
+        reporting.check_output_file(args.script, "--script")
     if args.wrap and all(t.name == module_mode.AS_BUILT for t in targets):
         raise UsageFailure(f"--wrap selects what an impl checkpoints; --impl {module_mode.AS_BUILT} checkpoints what "
                            "the model itself does (name another impl beside it for --wrap to apply)")

@@ -74,9 +74,11 @@ def _default_matrix_wall(impl_name: str, device: str) -> float:
         return time.perf_counter() - start
 
 
-def bench(target: Target, device: str, total_cases: int) -> dict[str, Any]:
+def bench(target: Target, device: str, total_cases: int, matrix_wall: bool = True) -> dict[str, Any]:
     """Run the benchmark; returns the figures as a JSON-able dict.  Cases run and are judged the
-    way `harness run` runs them (`execution.run_case`), expectations included."""
+    way `harness run` runs them (`execution.run_case`), expectations included.  `matrix_wall`:
+    also time the whole default matrix in a fresh process (None in the figures when not asked:
+    ``bench --cases N`` runs N cases and nothing else)."""
     from . import expectations
 
     impl, impl_name = target.adapter, target.name
@@ -129,7 +131,8 @@ def bench(target: Target, device: str, total_cases: int) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none",
         "per_capture": rows, "memory": memory, "cases_run": done,
         "peak_host_rss_MiB": round(_peak_rss_mib(), 1),
-        "default_matrix_wall_s_from_process_start": round(_default_matrix_wall(impl_name, device), 2),
+        "default_matrix_wall_s_from_process_start":
+            round(_default_matrix_wall(impl_name, device), 2) if matrix_wall else None,
     }
 
 
@@ -142,7 +145,8 @@ def render(figures: dict[str, Any]) -> str:
     lines = [head, tabulate(figures["per_capture"], headers="keys", tablefmt="github"), ""]
     extra = {**{k: v for k, v in figures["memory"].items()},
              "peak_host_rss_MiB": figures["peak_host_rss_MiB"],
-             "default_matrix_wall_s_from_process_start": figures["default_matrix_wall_s_from_process_start"]}
+             "default_matrix_wall_s_from_process_start":
+                 figures["default_matrix_wall_s_from_process_start"] or "not measured (--cases N)"}
     lines.append(tabulate(extra.items(), headers=["figure", "value"], tablefmt="github"))
     return "\n".join(lines)
 

@@ -16,6 +16,7 @@ terminated, exit status 143).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 
 from . import expectations as expectations_mod
-from . import gpus, impls, isolation, shards, stops
+from . import corpus, gpus, impls, isolation, shards, stops
 from . import report as reporting
 from .report.live import LiveResults
 from .cases import AXES, ID_PARTS, MATRICES, CaseError, Case, generate, parse_case_id, parse_programs
@@ -92,14 +93,15 @@ def pytest_configure(config: pytest.Config) -> None:
                              "(torch.cuda.is_available() is False): refusing to run the CPU subset instead")
         config._harness_devices = resolve_devices(config.getoption("device"))  # type: ignore[attr-defined]
         parse_programs(",".join(config.getoption("program")))  # a bad name is one line, here
+        corpus.load()  # a corrupt cases/corpus.toml is one line here, not an INTERNALERROR at collection
         entries = expectations_mod.load(config.getoption("expectations"))
         shard = config.getoption("shard")
         config._harness_shard = shards.parse_shard(shard) if shard else None  # type: ignore[attr-defined]
         if workerinput is None and config.getoption("report_dir"):
             reporting.check_report_dir(config.getoption("report_dir"))
         timeout = config.getoption("case_timeout")
-        if timeout is not None and timeout <= 0:
-            raise CaseError(f"--case-timeout must be positive, got {timeout:g}")
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise CaseError(f"--case-timeout must be a positive number of seconds, got {timeout:g}")
     except (impls.ImplError, UsageError, CaseError, expectations_mod.ExpectationError, shards.ShardError,
             reporting.ReportError) as exc:
         pytest.exit(f"error: {exc}", returncode=2)

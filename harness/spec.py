@@ -36,6 +36,7 @@ from .programs import (
 
 DEFAULT_ITERATIONS = 2
 MAX_ITERATIONS = 9
+MAX_DEPTH = 32  # regions inside regions: deeper is refused in one line (no RecursionError, no stack blow-up)
 _TOKEN = re.compile(r"\s*(?:([a-z0-9_]+)|(.))")
 
 
@@ -100,6 +101,7 @@ class _Parser:
         self.tokens = [(m.group(1) or m.group(2), m.start(1) if m.group(1) else m.start(2))
                        for m in _TOKEN.finditer(text) if m.group(1) or m.group(2)]
         self.at = 0
+        self.depth = 0
 
     def fail(self, what: str) -> ProgramError:
         column = self.tokens[self.at][1] + 1 if self.at < len(self.tokens) else len(self.text) + 1
@@ -152,8 +154,12 @@ class _Parser:
         return ("site", op, dtype, stream)
 
     def region(self, passing: Passing) -> tuple:
+        if self.depth >= MAX_DEPTH:
+            raise self.fail(f"regions nested more than {MAX_DEPTH} deep")
         self.take("(")
+        self.depth += 1
         items = self.items(")")
+        self.depth -= 1
         self.take(")")
         return ("region", passing, items)
 

@@ -331,3 +331,51 @@ def test_an_auto_device_run_says_which_device_and_require_cuda_refuses_the_cpu_s
     assert main(args) == 2
     monkeypatch.setenv("HARNESS_REQUIRE_CUDA", "0")
     assert main(args) == 0
+
+
+def test_version_and_the_list_of_impls(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert re.match(r"ckpt-rng-harness \S+ \(torch \S+\)", capsys.readouterr().out)
+    assert main(["list", "--impls"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    from harness import impls
+
+    assert [line.split()[0] for line in lines] == sorted(impls.registered())
+    assert any(line.startswith("bundled ") and " available " in line for line in lines)
+    decorator = next(line for line in lines if line.startswith("torch-decorator "))
+    assert " available " in decorator or "unavailable: this torch's checkpoint has no decorator form" in decorator
+
+
+def test_an_output_file_in_a_folder_that_does_not_exist_is_made_before_the_work(tmp_path, capsys):
+    script = tmp_path / "new" / "deeper" / "repro.py"
+    assert main(["repro", "nonreentrant-default-eager-flat-none-cpu", "--impl", "bundled", "--script", str(script)]) == 0
+    assert script.is_file()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["repro", "nonreentrant-default-eager-flat-none-cpu", "--impl", "bundled",
+                 "--script", str(blocked / "repro.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--script" in err and "is not a directory" in err
+
+
+def test_bench_with_cases_runs_that_many_and_nothing_else(tmp_path, monkeypatch, capsys):
+    # `bench --cases 3` must not time the whole default matrix in a hidden subprocess
+    from harness import bench
+
+    monkeypatch.setattr(bench, "_default_matrix_wall", lambda *a: pytest.fail("the default matrix ran"))
+    monkeypatch.setattr(bench, "bare_seconds", lambda case, impl: 0.001)  # the bare rerun is not under test here
+    out = tmp_path / "new" / "bench.json"
+    assert main(["bench", "--impl", "bundled", "--device", "cpu", "--cases", "3", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["cases_run"] == 3 and figures["default_matrix_wall_s_from_process_start"] is None
+    assert "not measured (--cases N)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-3"])
+def test_a_case_timeout_that_is_no_positive_number_is_one_line(value, tmp_path, capsys):
+    assert main(["run", "--impl", "bundled", "--device", "cpu", "--program", "flat", "--case-timeout", value,
+                 "--report-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--case-timeout must be a positive number of seconds" in err

@@ -207,3 +207,16 @@ def test_axis_markers_select_exactly_those_cells_where_k_would_not(tmp_path):
     assert sorted(set(by_keyword) - set(by_marker)) == sorted(
         f"bundled-{mode}-untracked-eager-nested-{interleave}-cpu"
         for mode in ("reentrant", "nonreentrant") for interleave in ("none", "draws"))
+
+
+def test_a_corrupt_corpus_is_one_line_and_exit_2_not_an_internal_error(tmp_path):
+    corrupt = tmp_path / "corpus.toml"
+    corrupt.write_text('[[finding]]\ncase = "not a case"\nimpl = "torch"\noutcome = "x"\nfound = "2026-12-04"\n')
+    env = dict(ENV, HARNESS_TEST_CORPUS=str(corrupt))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "cases", "-q", "-p", "no:cacheprovider", *NO_RANDOMLY,
+                           "-p", "corpus_path_plugin", "--report-dir", str(tmp_path / "r")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=PROCESS_LIMIT_S)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-2000:]
+    assert "INTERNALERROR" not in out and "Traceback" not in out
+    assert f"error: {corrupt}" in out or "finding 1" in out

@@ -133,3 +133,11 @@ def test_a_spec_program_lacks_the_factors_it_varies():
     assert (values["op"], values["passing"], values["nesting"]) == ("", "", "")
     assert values["dtype"] == "bf16" and values["program"] == EXAMPLE
     assert parse_case_id("reentrant-default-eager-(rand+rand)-none-cpu").axis_values()["op"] == "rand"
+
+
+def test_a_spec_nested_too_deep_is_one_line_not_a_recursion_error():
+    from harness.spec import MAX_DEPTH
+
+    assert parse_spec("(" * MAX_DEPTH + "rand" + ")" * MAX_DEPTH)
+    with pytest.raises(ProgramError, match=f"regions nested more than {MAX_DEPTH} deep"):
+        parse_spec("(" * 500 + "rand" + ")" * 500)

@@ -97,13 +97,35 @@ def default_report_dir(root: "str | Path" = "reports") -> Path:
 
 
 def check_report_dir(path: "str | Path") -> None:
-    """Raise ReportError when `path` cannot become a writable report directory."""
+    """Raise ReportError when `path` cannot become a writable report directory.  Checked before any
+    case runs, by making it (and its parents) and writing a file there: permission bits alone do
+    not tell (root under /proc, a read-only mount)."""
     path = Path(path)
     existing = next((p for p in [path, *path.parents] if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise ReportError(f"report directory {path} is unusable: {existing} is not a directory")
-    if existing is not None and not os.access(existing, os.W_OK):
-        raise ReportError(f"report directory {path} is unusable: {existing} is not writable")
+    _try_writing(path, f"report directory {path}")
+
+
+def check_output_file(path: "str | Path", what: str) -> None:
+    """Raise ReportError when `path` (an output file, e.g. --script) cannot be written: its folder
+    is made and a file written there before the work that produces it starts."""
+    path = Path(path)
+    if path.is_dir():
+        raise ReportError(f"{what} {path} is a directory, not a file")
+    existing = next((p for p in path.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ReportError(f"{what} {path} is unusable: {existing} is not a directory")
+    _try_writing(path.parent, f"{what} {path}")
+
+
+def _try_writing(folder: Path, what: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".harness-write-check."):
+            pass
+    except OSError as exc:
+        raise ReportError(f"{what} is unusable: cannot write in {folder}: {exc.strerror or exc}") from None
 
 
 def expectation_problems(expectations: Iterable[Expectation]) -> list[str]:
