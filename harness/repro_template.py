@@ -117,6 +117,7 @@ def _regions(items):
 
 SITES = [site[1] for site in _sites(PROGRAM)]
 CHECKPOINTED = [site[1] for region in PROGRAM if region[0] == "region" for site in _sites(region[4])]
+OUTPUTS = [region[1] for region in _regions(PROGRAM)] + ["loss"]  # what each region returned, and the loss
 
 
 def attention_backend(op):
@@ -254,16 +255,26 @@ class Run:
         elif passing == "sdpa_kernel":
             context = attention_backend(backend)
         with context:
-            if self.checkpointed:
-                return checkpoint(fn, *args, tracker=self.tracker, **kwargs)
-            return fn(*args, **kwargs)
+            out = checkpoint(fn, *args, tracker=self.tracker, **kwargs) if self.checkpointed else fn(*args, **kwargs)
+        self.output(name, out)  # what the caller got back from the region
+        return out
+
+    def output(self, name, value):
+        if self.phase != "forward":  # a region called again inside a recompute is not an output
+            return
+        if self.iteration < 0:
+            self.captured.setdefault((name, "output"), []).append(value.detach().clone())
+        else:
+            self.masks.setdefault((self.iteration, name, "output"), []).append(value.detach().clone())
 
     def forward(self):
         self.phase = "forward"
         h = self.x
         for item in PROGRAM:
             h = self.item(item, h)
-        return (h.to(self.loss_weight.dtype) * self.loss_weight).float().sum()
+        loss = (h.to(self.loss_weight.dtype) * self.loss_weight).float().sum()
+        self.output("loss", loss)
+        return loss
 
     def draws(self, cpu=True, device=True):
         if not INTERLEAVE:
@@ -376,7 +387,15 @@ def differ(got, expected, what):
         return None
     i = int(bad[0])
     return (f"{what}: Mismatched elements: {len(bad)} / {a.numel()}, first at flat index {i}: "
-            f"got {a.reshape(-1)[i].item()}, expected {b.reshape(-1)[i].item()}")
+            f"got {shown(got, a, i)}, expected {shown(expected, b, i)}")
+
+
+def shown(value, bits, i):
+    """A float element as its value and its bits (as the harness prints it), anything else as is."""
+    if value.dtype.is_floating_point:
+        width = value.element_size() * 2
+        return f"{value.reshape(-1)[i].item()!r} (0x{bits.reshape(-1)[i].item() & ((1 << 4 * width) - 1):0{width}x})"
+    return f"{bits.reshape(-1)[i].item()}"
 
 
 def main():
@@ -403,6 +422,14 @@ def main():
                 problems.append(f"recompute mask {name} iteration {it}: never recomputed")
             for n, mask in enumerate(recomputes, 1):
                 problems.append(differ(mask, forward[0], f"recompute {n} mask {name} iteration {it}"))
+        for name in OUTPUTS:
+            got = checkpointed.masks.get((it, name, "output"), [])
+            expected = reference.masks.get((it, name, "output"), [])
+            if len(got) != len(expected):
+                problems.append(f"output {name} iteration {it}: returned {len(got)} times, "
+                                f"the reference {len(expected)} times")
+            for n, (a, b) in enumerate(zip(got, expected)):
+                problems.append(differ(a, b, f"output {name} iteration {it}" + (f" call {n + 1}" if n else "")))
         for key, grad in reference.grads[it].items():
             problems.append(differ(checkpointed.grads[it][key], grad, f"gradient {key} iteration {it}"))
         for key, state in reference.states[it].items():

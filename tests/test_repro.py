@@ -93,3 +93,18 @@ def test_a_script_whose_setup_fails_exits_2_not_1(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "unknown implementation 'no-such-impl'" in proc.stderr
+
+
+def test_the_script_checks_region_outputs_and_prints_values_as_the_harness_does(tmp_path):
+    # neg-wrong-output changes one element of each region's output and nothing else: only the
+    # output oracle sees it, so a script without it would pass what `repro` fails
+    case_id = "reentrant-default-eager-flat-none-cpu"
+    result = run(parse_case_id(case_id), load("neg-wrong-output"))
+    assert {m.oracle for m in result.mismatches} == {"output"}
+    script = tmp_path / "repro.py"
+    script.write_text(render(parse_case_id(case_id), "neg-wrong-output"))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "output r0 iteration 0: Mismatched elements: 1 / 4096" in proc.stdout
+    # float values as value and bits, like the harness's messages (not raw integers)
+    assert " (0x" in proc.stdout.split("output r0 iteration 0")[1].splitlines()[0]
