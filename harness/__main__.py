@@ -317,6 +317,8 @@ class Progress:
             if record["verdict"] in ("fail", "stale"):
                 print(f"\r{record['verdict']:6} {record['outcome']:11} {record['impl']} {record['case_id']}\x1b[K{note}")
         elif not self.quiet:
+            if done == 1:  # the columns, once
+                print(f"[done/total] {'verdict':6} {'outcome':11} impl case", flush=True)
             print(f"[{done}/{self.total}] {record['verdict']:6} {record['outcome']:11} "
                   f"{record['impl']} {record['case_id']}{note}", flush=True)
 

@@ -192,3 +192,22 @@ def test_the_model_is_what_every_view_renders(monkeypatch, tmp_path):
     report.write([wrong_failure(), *megatron_unsupported()], tmp_path / "r")
     assert len(built) == 1
     assert "megatron: 4 unsupported" in (tmp_path / "step.md").read_text()
+
+
+def test_a_matrix_cell_puts_each_program_in_one_column_its_interleaves_top_to_bottom():
+    # the grid flows by column with one row per interleave value: a program's none and draws cases
+    # must be consecutive, or the legend ("a column per program") would lie
+    ids = ["reentrant-default-eager-flat-none-cpu", "reentrant-default-eager-flat-draws-cpu",
+           "reentrant-default-eager-rand.f32.small.positional.flat-none-cpu",
+           "reentrant-default-eager-rand.f32.small.positional.flat-draws-cpu",
+           "reentrant-default-eager-nested-none-cpu"]
+    records = [rec(case_id) for case_id in reversed(ids)]
+    [matrix] = report_model.build(records).matrices
+    squares = matrix.cells[("default", "eager")].squares
+    shown = [s.record["case_id"] if s.record else None for s in squares]
+    programs = [[shown[k], shown[k + 1]] for k in range(0, len(shown), 2)]  # columns of two rows
+    assert sorted(map(tuple, programs)) == sorted([
+        ("reentrant-default-eager-flat-none-cpu", "reentrant-default-eager-flat-draws-cpu"),
+        ("reentrant-default-eager-rand.f32.small.positional.flat-none-cpu",
+         "reentrant-default-eager-rand.f32.small.positional.flat-draws-cpu"),
+        ("reentrant-default-eager-nested-none-cpu", None)])

@@ -1,6 +1,6 @@
 """report.html: a run model in colour, one self-contained file (inline CSS and script, no
 network).  Each matrix cell (one layout x capture of one impl and mode) holds a small grid with a
-square per case (columns: nesting, rows: interleave); every listed square (unexpected failure,
+square per case (a column per program, grouped by nesting; rows: interleave); every listed square (unexpected failure,
 stale, known failure) links to the case's details further down: its verdict note, expectation,
 error with the tail of its traceback, mismatches and a command that reruns it alone.  Everything
 shown comes from `model.RunModel`; nothing is decided here.
@@ -240,9 +240,10 @@ def _legend(model: RunModel) -> str:
     items += '<span class="item"><span class="sq s-none"></span>no such case</span>'
     items += ('<span class="item"><span class="sq s-unsupported v-fail"></span>red outline: '
               "unexpected failure (e.g. unsupported where support is required)</span>")
-    key = (f'<div class="muted">In each matrix cell: one square per case, columns {_e(" / ".join(model.nestings))} '
-           f'(nesting), rows {_e(" / ".join(model.interleaves))} (interleave). Failing squares link to the '
-           "case's details; hover a square for its id.</div>")
+    key = (f'<div class="muted">In each matrix cell: one square per case, one column per program, the columns '
+           f'grouped by nesting ({_e(" / ".join(n or "spec" for n in model.nestings))}), each column\'s squares the '
+           f'interleave values top to bottom ({_e(" / ".join(model.interleaves))}); an empty square: no such case. '
+           "Failing squares link to the case's details; hover a square for its id.</div>")
     return f'<div class="legend">{items}</div>{key}'
 
 
