@@ -434,13 +434,19 @@ def required_pairs(device: Device) -> set[Pair]:
     return pairs
 
 
+def _count_sites(items: list) -> int:
+    return sum(_count_sites(item) if isinstance(item, list) else 1 for item in items)
+
+
+_SITES = {nesting: _count_sites(tree) for nesting, tree in TREES.items()}
+
+
 def _cost(row: Mapping[str, enum.Enum]) -> int:
     """A case's rough run time, to break ties in `covering`: elements per activation times the
     sites of its tree (a 1024x1024 program of the deep tree costs 2^20 x 6), four times that
     under autocast (its 1024x1024 bfloat16 matmuls are slow on a CPU)."""
     rows, cols = SHAPES[row["shape"]]  # type: ignore[index]
-    sites = str(TREES[row["nesting"]]).count("'s'")  # type: ignore[index]
-    return rows * cols * sites * (4 if row["passing"] is Passing.AUTOCAST else 1)
+    return rows * cols * _SITES[row["nesting"]] * (4 if row["passing"] is Passing.AUTOCAST else 1)  # type: ignore[index]
 
 
 @functools.lru_cache(maxsize=None)
@@ -459,7 +465,7 @@ def covering(device: Device) -> tuple[Case, ...]:
     while todo:
         target = min(todo, key=lambda p: (p[0], p[1].value, p[2], p[3].value))
         factor, value, axis, axis_value = target
-        best: tuple[int, dict[str, enum.Enum]] | None = None
+        best: tuple[int, dict[str, enum.Enum], int] | None = None
         matching = [c for c in cores if c.get(factor, value) is value and c.get(axis, axis_value) is axis_value]
         for core in rng.sample(matching, min(len(matching), 32)):
             # The gain of a row splits into pairs of the core alone, of the layout, of the nesting
@@ -472,8 +478,9 @@ def covering(device: Device) -> tuple[Case, ...]:
                 if row.get(factor) is not value or row.get(axis) is not axis_value:
                     continue
                 gain = fixed + by_layout[layout] + by_nesting[nesting] + (("nesting", nesting, "layout", layout) in todo)
-                if best is None or (gain, -_cost(row)) > (best[0], -_cost(best[1])):
-                    best = (gain, row)
+                cost = _cost(row)
+                if best is None or (gain, -cost) > (best[0], -best[2]):
+                    best = (gain, row, cost)
         if best is None:
             raise AssertionError(f"no valid case covers {factor}={value} x {axis}={axis_value}")
         row = best[1]

@@ -32,7 +32,7 @@ from . import report as reporting
 from .report.live import LiveResults
 from .cases import AXES, ID_PARTS, MATRICES, CaseError, Case, generate, parse_case_id, parse_programs
 from .execution import (
-    INTERRUPTED, REQUIRE_CUDA_ENV, Target, UsageError, cuda_visible, load_targets, proved_nothing, resolve_devices,
+    REQUIRE_CUDA_ENV, Target, UsageError, cuda_visible, load_targets, proved_nothing, resolve_devices,
     run_case,
 )
 
@@ -203,15 +203,15 @@ class ReportCollector:
         self.line = ""
         self.expected = 0  # harness cases collected: the n of "interrupted after k of n"
         self.live: LiveResults | None = None  # results.jsonl, opened at the first record
-        self.terminated = False
+        self.stopped_by: BaseException | None = None  # stops.Terminated when SIGTERM ended the session
         self._target: Path | None = None
 
     def catch_sigterm(self) -> None:
         """SIGTERM (a CI job's time limit) stops the session like Ctrl-C: pytest finishes it and
         the report of the finished cases is written (exit status 143)."""
         def stop(signum: int, frame: Any) -> None:
-            self.terminated = True
-            raise stops.Terminated()
+            self.stopped_by = stops.Terminated()
+            raise self.stopped_by
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, stop)
@@ -257,10 +257,11 @@ class ReportCollector:
         if self.live is not None:
             self.live.close()
         interrupted = None
-        if session.exitstatus == pytest.ExitCode.INTERRUPTED or self.terminated:
-            how = "terminated (SIGTERM)" if self.terminated else "interrupted"
-            interrupted = f"{how} after {len(self.records)} of {max(self.expected, len(self.records))} cases"
-            session.exitstatus = stops.TERMINATED if self.terminated else INTERRUPTED
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED or self.stopped_by is not None:
+            stop = self.stopped_by or KeyboardInterrupt()  # pytest keeps no trace of which signal
+            interrupted = (f"{stops.describe(stop)} after {len(self.records)} of "
+                           f"{max(self.expected, len(self.records))} cases")
+            session.exitstatus = stops.status(stop)
         if not self.records:
             self.line = f"harness: {interrupted}: no report written" if interrupted else ""
             return

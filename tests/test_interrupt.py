@@ -75,9 +75,9 @@ class Watched:
         assert re.search(pattern, self.stdout, re.M), \
             f"no {pattern!r} in the output:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}"
 
-    def interrupt(self) -> int:
-        """SIGINT to the process itself (not its group, as a terminal would); its exit status."""
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, sig: int = signal.SIGINT) -> int:
+        """`sig` to the process itself (not its group, as a terminal would); its exit status."""
+        self.proc.send_signal(sig)
         status = self.proc.wait(timeout=PROCESS_LIMIT_S)
         self._reader.join(timeout=PROCESS_LIMIT_S)
         return status
@@ -96,16 +96,25 @@ def report_records(report_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (report_dir / "results.jsonl").read_text().splitlines()]
 
 
-def test_ctrl_c_stops_the_command_line_with_130_and_a_report_of_the_finished_cases(tmp_path):
+def _cli_stopped(tmp_path: Path, sig: int = signal.SIGINT) -> tuple[Watched, int]:
+    """The command line run, stopped by `sig` once the bundled case passed; the finished case
+    must already be in results.jsonl then (appended the moment it was judged)."""
     run = Watched([sys.executable, "-m", "harness", "run", "--device", "cpu", "--case", CASE,
                    "--impl", f"bundled,{HANG}", "--case-timeout", "600", "--report-dir", str(tmp_path / "r")],
                   tmp_path / "stderr.txt")
     try:
         # Printed after the bundled record is kept; the hanging case is next, and nothing else is.
         run.wait_for(rf"^\[1/2\] pass\s+pass\s+bundled {CASE}$")
-        status = run.interrupt()
+        [on_disk] = report_records(tmp_path / "r")
+        assert (on_disk["impl"], on_disk["case_id"], on_disk["verdict"]) == ("bundled", CASE, "pass")
+        status = run.interrupt(sig)
     finally:
         run.kill()
+    return run, status
+
+
+def test_ctrl_c_stops_the_command_line_with_130_and_a_report_of_the_finished_cases(tmp_path):
+    run, status = _cli_stopped(tmp_path)
     assert status == 130, run.stdout + run.stderr
     message = "interrupted after 1 of 2 cases"
     assert message in run.stderr
@@ -117,8 +126,9 @@ def test_ctrl_c_stops_the_command_line_with_130_and_a_report_of_the_finished_cas
         assert message in (tmp_path / "r" / name).read_text(), name
 
 
-def _pytest_interrupted(tmp_path: Path) -> tuple[Watched, int]:
-    """The pytest run, interrupted once the bundled case passed and the hanging case started."""
+def _pytest_interrupted(tmp_path: Path, sig: int = signal.SIGINT) -> tuple[Watched, int]:
+    """The pytest run, stopped by `sig` once the bundled case passed and the hanging case started;
+    the controller must already have the finished case in results.jsonl then."""
     # `-k reentrant-default-eager-flat-none` alone would select the nonreentrant cases too.
     keyword = f"bundled-{CASE} or make_hang-{CASE}"
     run = Watched([sys.executable, "-m", "pytest", "cases", "-p", "no:cacheprovider", "-p", "no:xdist",
@@ -127,7 +137,9 @@ def _pytest_interrupted(tmp_path: Path) -> tuple[Watched, int]:
     try:
         run.wait_for(rf"test_case\[bundled-{CASE}\] PASSED")
         run.wait_for(rf"test_case\[{HANG}-{CASE}\]")  # the next test started: the bundled one is all done
-        status = run.interrupt()
+        [on_disk] = report_records(tmp_path / "r")
+        assert on_disk["case_id"] == CASE
+        status = run.interrupt(sig)
     finally:
         run.kill()
     return run, status
@@ -151,19 +163,10 @@ def test_ctrl_c_stops_pytest_with_130_and_a_report_of_the_finished_cases(tmp_pat
 
 
 def test_sigterm_stops_the_command_line_with_143_and_the_finished_cases_are_on_disk_before_it(tmp_path):
-    # A CI job at its time limit gets SIGTERM.  The finished case must be in results.jsonl while the
-    # run still goes on (a SIGKILL later would lose nothing), and SIGTERM writes the marked report.
-    run = Watched([sys.executable, "-m", "harness", "run", "--device", "cpu", "--case", CASE,
-                   "--impl", f"bundled,{HANG}", "--case-timeout", "600", "--report-dir", str(tmp_path / "r")],
-                  tmp_path / "stderr.txt")
-    try:
-        run.wait_for(rf"^\[1/2\] pass\s+pass\s+bundled {CASE}$")
-        [on_disk] = report_records(tmp_path / "r")  # appended the moment it was judged
-        assert (on_disk["impl"], on_disk["case_id"], on_disk["verdict"]) == ("bundled", CASE, "pass")
-        run.proc.send_signal(signal.SIGTERM)
-        status = run.proc.wait(timeout=PROCESS_LIMIT_S)
-    finally:
-        run.kill()
+    # A CI job at its time limit gets SIGTERM.  The finished case is in results.jsonl while the run
+    # still goes on (a SIGKILL later would lose nothing: `_cli_stopped` checks), and SIGTERM writes
+    # the marked report.
+    run, status = _cli_stopped(tmp_path, signal.SIGTERM)
     assert status == 143, run.stdout + run.stderr
     message = "terminated (SIGTERM) after 1 of 2 cases"
     assert message in run.stderr and "Traceback" not in run.stderr
@@ -173,19 +176,7 @@ def test_sigterm_stops_the_command_line_with_143_and_the_finished_cases_are_on_d
 
 
 def test_sigterm_stops_pytest_with_143_and_a_marked_report(tmp_path):
-    keyword = f"bundled-{CASE} or make_hang-{CASE}"
-    run = Watched([sys.executable, "-m", "pytest", "cases", "-p", "no:cacheprovider", "-p", "no:xdist",
-                   "--impl", f"bundled,{HANG}", "--isolate", "--case-timeout", "600", "-k", keyword,
-                   "--report-dir", str(tmp_path / "r"), "-v"], tmp_path / "stderr.txt")
-    try:
-        run.wait_for(rf"test_case\[bundled-{CASE}\] PASSED")
-        run.wait_for(rf"test_case\[{HANG}-{CASE}\]")
-        [on_disk] = report_records(tmp_path / "r")  # kept before the session ends
-        assert on_disk["case_id"] == CASE
-        run.proc.send_signal(signal.SIGTERM)
-        status = run.proc.wait(timeout=PROCESS_LIMIT_S)
-    finally:
-        run.kill()
+    run, status = _pytest_interrupted(tmp_path, signal.SIGTERM)
     assert status == 143, run.stdout[-3000:] + run.stderr[-3000:]
     [record] = report_records(tmp_path / "r")
     assert record["interrupted"] == "terminated (SIGTERM) after 1 of 2 cases"

@@ -122,13 +122,13 @@ def save_first_rng_policy() -> Callable[..., Any]:
 
 class SelectiveAdapter(TorchAdapter):
     """``torch``'s adapter (non-reentrant ``torch.utils.checkpoint``) with a selective-checkpoint
-    policy's ``context_fn``.  `policy` is a policy function, or with ``fresh=True`` a factory that
-    makes a new one for every checkpoint call (a policy with counts)."""
+    policy's ``context_fn``; `make_policy` gives the policy of each checkpoint call (a new one
+    where the policy counts ops, so the counts are per region)."""
 
     must_support_all = False  # a variant under test, not the reference impl torch is
 
-    def __init__(self, name: str, policy: Callable[..., Any], description: str, fresh: bool = False) -> None:
-        self.name, self.policy, self.description, self.fresh = name, policy, description, fresh
+    def __init__(self, name: str, make_policy: Callable[[], Callable[..., Any]], description: str) -> None:
+        self.name, self.make_policy, self.description = name, make_policy, description
 
     def unavailable(self) -> str | None:
         """None where this torch has selective activation checkpointing, else why not."""
@@ -143,29 +143,27 @@ class SelectiveAdapter(TorchAdapter):
 
     def options(self) -> dict[str, Any]:
         create, _ = _sac()  # type: ignore[misc]
-        if self.fresh:
-            factory = self.policy
-            return {"context_fn": lambda: create(factory())}
-        return {"context_fn": functools.partial(create, self.policy)}
+        make_policy = self.make_policy
+        return {"context_fn": lambda: create(make_policy())}
 
 
 def make_sac_recompute() -> Adapter:
-    return SelectiveAdapter("torch-sac-recompute", recompute_all,
+    return SelectiveAdapter("torch-sac-recompute", lambda: recompute_all,
                             "torch.utils.checkpoint with a selective policy that recomputes every op")
 
 
 def make_sac_save_rng() -> Adapter:
-    return SelectiveAdapter("torch-sac-save-rng", save_rng,
+    return SelectiveAdapter("torch-sac-save-rng", lambda: save_rng,
                             "torch.utils.checkpoint with a selective policy that must-saves RNG ops")
 
 
 def make_sac_titan() -> Adapter:
     return SelectiveAdapter("torch-sac-titan", titan_policy,
                             "torch.utils.checkpoint with torchtitan's op-level SAC policy (matmuls and "
-                            "fused attention saved, the rest recomputed)", fresh=True)
+                            "fused attention saved, the rest recomputed)")
 
 
 def make_sac_save_first_rng() -> Adapter:
     return SelectiveAdapter("torch-sac-save-first-rng", save_first_rng_policy,
                             "torch.utils.checkpoint with a selective policy that must-saves the first RNG "
-                            "op of each region and recomputes the others", fresh=True)
+                            "op of each region and recomputes the others")

@@ -108,6 +108,7 @@ class CheckpointWrapperAdapter(TorchAdapter):
             return wrapped(*args, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)  # supports() asks per case; the answer is the torch's, once
 def _decorator_form() -> str | None:
     """None where ``checkpoint(use_reentrant=...)`` without a function returns a decorator, else why not."""
     try:
