@@ -26,7 +26,7 @@ from . import repro_script, stops, timeline
 from .report import cli as report_cli
 from .cases import AXES, MATRICES, Capture, CaseError, Case, Device, generate, parse_case_id, parse_value
 from .execution import (
-    INTERRUPTED, REQUIRE_CUDA_ENV, UsageError, adapter_version, check_selection, cuda_visible, load_targets,
+    REQUIRE_CUDA_ENV, UsageError, adapter_version, check_selection, cuda_visible, load_targets,
     proved_nothing, resolve_devices, run_case,
 )
 from .report.env import environment
@@ -139,6 +139,9 @@ def _parser() -> argparse.ArgumentParser:
     p_fuzz.add_argument("--no-save", dest="save", action="store_false", help="the default: write nothing")
     p_fuzz.add_argument("--corpus", default=None, metavar="FILE",
                         help="with --save: where a found failure is added (default: cases/corpus.toml)")
+    p_fuzz.add_argument("--report-dir", default=None, metavar="DIR",
+                        help="append every program's record to DIR/results.jsonl as it is judged and write a "
+                             "report there at the end (also when stopped); default: no report")
     p_fuzz.add_argument("--no-database", dest="database", action="store_false",
                         help="no Hypothesis example database (default: .hypothesis/harness-fuzz replays earlier failures first)")
     p_fuzz.add_argument("--allow-unsupported", action="store_true",
@@ -390,6 +393,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     budget = 60.0 if args.examples is None and args.budget is None else args.budget
     if args.corpus and args.save:
         reporting.check_output_file(args.corpus, "--corpus")
+    if args.report_dir:
+        reporting.check_report_dir(args.report_dir)
     seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
     isolate = device == "cuda" if args.isolate is None else args.isolate  # a sticky CUDA error poisons
@@ -400,19 +405,47 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         check_selection([], [device], captures)
     worker = isolation.CaseWorker(isolation.DEFAULT_TIMEOUT_S) if isolate else None
     progress = FuzzProgress()
+    env = environment()
+    live = LiveResults(args.report_dir) if args.report_dir else None  # each program's record as judged
+    records: dict[str, dict[str, Any]] = {}  # by case id: a case run again (shrinking, a repeat) once
+
+    def keep(record: dict[str, Any]) -> None:
+        record["env"] = env
+        records[record["case_id"]] = record
+        if live is not None:
+            live.append(record)
+
     try:
-        found = fuzz.fuzz(target, Device(device), entries, examples=args.examples, budget=budget,
-                          seed_value=seed_value, new_only=args.new_only, keep_going=args.keep_going,
-                          captures=captures, database=fuzz.DATABASE_DIR if args.database else None,
-                          worker=worker, progress=progress.update)
-    except KeyboardInterrupt:
-        progress.done()
-        print(f"interrupted after {progress.tried} programs: no failure reported", file=sys.stderr)
-        return INTERRUPTED
+        with stops.stoppable():
+            found = fuzz.fuzz(target, Device(device), entries, examples=args.examples, budget=budget,
+                              seed_value=seed_value, new_only=args.new_only, keep_going=args.keep_going,
+                              captures=captures, database=fuzz.DATABASE_DIR if args.database else None,
+                              worker=worker, progress=progress.update, on_record=keep)
+    except KeyboardInterrupt as stop:  # outside a case (setting up, or between Hypothesis batches)
+        found = fuzz.FuzzResult(tried=len(records), stopped=stop)  # what ran is on disk and in `records`
     finally:
-        if worker is not None:
-            worker.close()
+        with stops.shielded():
+            if live is not None:
+                live.close()
+            if worker is not None:
+                worker.close()
     progress.done()
+    with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
+        return _fuzz_summary(args, target, found, list(records.values()), env, entries)
+
+
+def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[dict[str, Any]],
+                  env: dict[str, Any], entries: Any) -> int:
+    """Print what a fuzz run found (and write its report with --report-dir); its exit status."""
+    from . import fuzz
+
+    stopped = found.stopped
+    if stopped is not None:
+        print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
+    if args.report_dir and records:
+        interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
+        written = reporting.write(records, Path(args.report_dir), env, expectations=entries, interrupted=interrupted)
+        print(f"report:  {written}")
     counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
     rate = found.tried / found.seconds if found.seconds else 0.0
     summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
@@ -424,11 +457,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         noisy = f"; {found.noisy} failures not repeated bit for bit by a second run (nondeterministic " \
                 "attention backward), not counted" if found.noisy else ""
         print(f"no {'new ' if args.new_only else ''}failure in {summary}{known}{noisy}")
-        return 0
+        return stops.status(stopped) if stopped else 0
     for number, finding in enumerate(found.findings, 1):
         _print_finding(finding, number, len(found.findings), target.name)
         if finding.run.record.get("verdict") != "fail":
             continue  # a known bug (an entry claims it): nothing new to keep
+        if args.save and not finding.shrunk:
+            print("corpus:  not saved (stopped before it was shrunk: run the fuzzer again, its database replays it)")
+            continue
         if not args.save:
             print("corpus:  not saved (--save adds it to cases/corpus.toml, which the default matrix replays)")
             continue
@@ -444,7 +480,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     kinds = "new kind" if args.new_only else "kind"
     print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"
           f"{'s' if len(found.findings) > 1 else ''}){repeats} in {summary}{known}")
-    return 1
+    return stops.status(stopped) if stopped else 1
 
 
 def _print_finding(finding: Any, number: int, total: int, impl: str) -> None:
@@ -453,8 +489,12 @@ def _print_finding(finding: Any, number: int, total: int, impl: str) -> None:
     result, record = finding.run.result, finding.run.record
     case = result.case
     label = f"failure {number} of {total}" if total > 1 else "failure"
-    print(f"\n{label} after {finding.found_after} programs ({finding.found_seconds:.1f} s); shrunk in "
-          f"{finding.shrink_steps} more runs ({finding.shrink_seconds:.1f} s) to:")
+    if finding.shrunk:
+        print(f"\n{label} after {finding.found_after} programs ({finding.found_seconds:.1f} s); shrunk in "
+              f"{finding.shrink_steps} more runs ({finding.shrink_seconds:.1f} s) to:")
+    else:
+        print(f"\n{label} after {finding.found_after} programs ({finding.found_seconds:.1f} s); stopped while "
+              f"shrinking ({finding.shrink_steps} runs, {finding.shrink_seconds:.1f} s): the smallest seen so far:")
     print(f"  case     {case.id}")
     print(f"  program  {case.program.spec}")
     print(f"  outcome  {fuzz.outcome_text(record)} (verdict {record['verdict']})")

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky
 
-from . import ops
+from . import ops, stops
 from .cases import (
     LAYOUT_STREAMS, Capture, Case, Device, Interleave, Layout, Mode, invalid_reason,
 )
@@ -148,6 +148,7 @@ class Finding:
     shrink_steps: int
     shrink_seconds: float
     flaky: bool = False  # the smallest case failed, then passed when Hypothesis ran it again
+    shrunk: bool = True  # False: the run was stopped while shrinking; `run` is the smallest seen so far
 
 
 @dataclass
@@ -165,6 +166,7 @@ class FuzzResult:
     noisy: int = 0  # failures that a second run did not repeat bit for bit (`_repeats`)
     known: dict[str, int] = field(default_factory=dict)  # known failures (xfail) by the entry that explains them
     stale: list[str] = field(default_factory=list)  # 'case id (entry)' of cases an entry claims that passed
+    stopped: BaseException | None = None  # the Ctrl-C or SIGTERM that ended the run early
 
     def known_kinds(self) -> str:
         """'torch-ignores-tracker x40, torch-reentrant-container x12': the known failures by entry,
@@ -223,7 +225,8 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
          budget: float | None = None, seed_value: int = 0, new_only: bool = False,
          keep_going: bool = False, captures: Sequence[Capture] | None = None,
          database: "Path | None" = DATABASE_DIR, worker: Any = None,
-         progress: Callable[[FuzzResult], None] | None = None) -> FuzzResult:
+         progress: Callable[[FuzzResult], None] | None = None,
+         on_record: Callable[[dict[str, Any]], None] | None = None) -> FuzzResult:
     """Run random cases of `target` on `device` until `examples` cases were generated or `budget`
     seconds passed (one of them), and shrink the first failure to the smallest failing case.
 
@@ -235,6 +238,11 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
     a sticky CUDA error is a `crash` result, and the next case gets a fresh process (in-process,
     such a case would make every later case fail, and shrinking would shrink the poisoned state).
     A smallest case that passes when run again is reported as flaky.
+
+    `on_record` gets every judged case's record the moment it is judged (to put it on disk).  A
+    Ctrl-C or SIGTERM (inside `stops.stoppable`) ends the run: the result so far is returned with
+    `stopped` set, a failure being shrunk kept as the smallest failing case seen (`shrunk` False);
+    a case the signal interrupted is not counted, whatever it returned.
     """
     if (examples is None) == (budget is None):
         raise ValueError("fuzz() takes examples or budget, not both or neither")
@@ -249,7 +257,11 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
     def check(case: Case) -> None:
         if over_budget() and not state["failed"]:
             return  # the budget is spent: the rest of this batch passes without running
+        stops.raise_if_stopped()  # Hypothesis or the case may have caught the KeyboardInterrupt
         done = run_case(target, case, entries, worker=worker)
+        stops.raise_if_stopped()  # its result may be the interruption's doing (a killed worker)
+        if on_record is not None:
+            on_record(done.record)
         verdict = done.record["verdict"]
         result.tried += 1
         if state["failed"]:
@@ -274,6 +286,7 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
             return  # like a failure this run already found and shrank
         if not state["failed"]:
             state.update(failed=True, after=result.tried, since=time.perf_counter())
+        state["smallest"] = done  # Hypothesis tries smaller cases only: the latest is the smallest yet
         raise Found(done)
 
     db = DirectoryBasedExampleDatabase(str(database / f"{target.name}-{device.value}")) if database else None
@@ -288,6 +301,14 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         test = seed(seed_value + batch)(options(given(case_strategy(device, captures))(check)))
         try:
             test()
+            stops.raise_if_stopped()
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what was found
+            result.stopped = stops.stopped() or stop
+            if state["failed"]:
+                now = time.perf_counter()
+                result.findings.append(Finding(state["smallest"], state["after"], state["since"] - start,
+                                               result.shrink_steps, now - state["since"], shrunk=False))
+            break
         except (Found, Flaky) as exc:  # the last failing run: Hypothesis replays the smallest last
             found = exc if isinstance(exc, Found) else _found_in(exc)
             if found is None:

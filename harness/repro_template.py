@@ -215,12 +215,24 @@ class Run:
         self.w = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
         self.checkpointed, self.phase, self.iteration = checkpointed, "forward", 0
         self.masks, self.grads, self.states, self.captured = {}, {}, {}, {}
+        self.moved = {}  # site -> [(default generator moved, its tracker stream moved)] per eager draw
+
+    def stream_states(self, stream):
+        """The device's default generator state and `stream`'s (None: no tracker stream)."""
+        default = default_generator(DEVICE).get_state()
+        return default, self.tracker.get_states()[stream] if stream else default
 
     def site(self, site, h):
         _, name, op, dtype, stream, own_backend = site
         h = h.to(getattr(torch, dtype))
+        # the reference's own check: which streams each eager forward draw of the reference moved
+        watched = not self.checkpointed and self.phase == "forward" and self.iteration != -2
+        before = self.stream_states(stream) if watched else None
         with self.tracker.fork(stream) if stream else contextlib.nullcontext():
             h, drawn = (attention(op, own_backend) if op.startswith("sdpa_") else OPS[op])(h)
+        if watched:
+            after = self.stream_states(stream)
+            self.moved.setdefault(name, []).append(tuple(not torch.equal(a, b) for a, b in zip(before, after)))
         key = (name, self.phase)
         if self.iteration < 0:  # under capture: a static buffer, read after every replay
             self.captured.setdefault(key, []).append(drawn.detach().clone())
@@ -370,6 +382,43 @@ class Run:
         return self
 
 
+# --- the reference's own check ----------------------------------------------------------------
+DRAW_NOTHING = ("nodraw", "dropout_p0")  # ops that draw nothing
+
+
+def reference_problems(reference):
+    """Why the reference did not draw as the case says ([] when it did): every comparison with a
+    reference that drew nothing (a tracker whose fork does not switch streams, an op that did not
+    draw) would be vacuous, so the harness checks this before comparing, and so does this script."""
+    problems = []
+    for _, name, op, _, stream, _ in _sites(PROGRAM):
+        draws = op not in DRAW_NOTHING
+        where = f"the default generator ({DEVICE.type})"
+        for default_moved, stream_moved in reference.moved.get(name, []):
+            if not draws and (default_moved or stream_moved):
+                problems.append(f"site {name} draws nothing but advanced {where if default_moved else repr(stream)}")
+            elif draws and stream and (not stream_moved or default_moved):
+                problems.append(f"tracker fork({stream!r}) did not switch streams: site {name} "
+                                + ("also advanced " + where if stream_moved else f"left {stream!r} where it was"))
+            elif draws and not stream and not default_moved:
+                problems.append(f"site {name} on {where} did not advance it")
+            else:
+                continue
+            break  # one line per site
+        if name not in reference.moved:
+            problems.append(f"site {name} never drew outside a graph capture, so its stream could not be checked")
+        for it in range(ITERATIONS) if draws else ():
+            drawn = reference.masks.get((it, name, "forward"), [])
+            if not drawn:
+                problems.append(f"site {name} drew no mask in iteration {it}")
+            for mask in drawn:
+                flat = mask.reshape(-1)
+                if bool((flat == flat[0]).all()):
+                    problems.append(f"the RNG output of site {name} in iteration {it} is constant "
+                                    f"({flat[0].item()!r} everywhere)")
+    return problems
+
+
 # --- bitwise comparison ----------------------------------------------------------------------
 INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
        torch.bfloat16: torch.int16, torch.bool: torch.uint8}  # other dtypes (int64 indices) as they are
@@ -402,6 +451,11 @@ def main():
     if DEVICE.type == "cuda":
         torch.cuda.init()
     reference = Run(False).execute()  # an error here is a broken setup (exit 2)
+    broken = reference_problems(reference)
+    if broken:  # as the harness: a case whose reference did not draw is an error, never compared
+        print(f"{IMPL} {CASE_ID} on torch {torch.__version__}: reference check failed: {broken[0]}"
+              + (f" (+{len(broken) - 1} more)" if len(broken) > 1 else ""))
+        return 2
     try:
         checkpointed = Run(True).execute()
     except Exception as exc:  # the checkpoint under test raised: that is the reproduced failure

@@ -6,6 +6,10 @@ already writes the report of the finished cases after Ctrl-C does the same after
 gives the exit status the shell would show (130 for SIGINT, 143 for SIGTERM).  While that report is
 written, `shielded` ignores both signals: a second Ctrl-C no longer leaves a traceback and no
 report.  Signal handlers can only be set from the main thread; elsewhere both are no-ops.
+
+Inside `stoppable` both signals are also remembered: code that runs other people's code (an impl's
+checkpoint, torch's autograd engine, Hypothesis) may catch the KeyboardInterrupt and go on, so a
+loop calls `raise_if_stopped` between cases and the stop is raised again.
 """
 
 from __future__ import annotations
@@ -27,21 +31,41 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+_stopped: list[BaseException] = []  # the stop that arrived inside the current `stoppable` block
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    stop = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    _stopped[:] = [stop]
+    raise stop
 
 
 @contextlib.contextmanager
 def stoppable() -> Iterator[None]:
-    """SIGTERM raises `Terminated` inside the block (the previous handler is put back after)."""
+    """SIGTERM raises `Terminated` and SIGINT KeyboardInterrupt inside the block, and both are
+    remembered for `raise_if_stopped` (the previous handlers are put back after)."""
+    _stopped.clear()
     if not _main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stopped() -> BaseException | None:
+    """The stop that arrived inside the current `stoppable` block, or None."""
+    return _stopped[0] if _stopped else None
+
+
+def raise_if_stopped() -> None:
+    """Raise the stop that arrived inside the current `stoppable` block again, if one did (the
+    code it interrupted may have caught it and gone on)."""
+    if _stopped:
+        raise _stopped[0]
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ def _print_noise() -> None:
 
 class Faulty(BundledAdapter):
     fault = "raise"
+    calls = 0  # checkpoint calls in this process (swallow-ctrl-c)
     dynamo_at_load = None  # set by make_dynamo_probe
 
     def checkpoint(self, fn, *args, reentrant, tracker):
@@ -44,6 +45,14 @@ class Faulty(BundledAdapter):
             raise RuntimeError("faulty adapter: raised on purpose")
         if self.fault == "hang":
             time.sleep(3600)
+        if self.fault == "swallow-ctrl-c":
+            Faulty.calls += 1
+            if Faulty.calls == 6:  # a few cases in: wait for Ctrl-C, eat it, and finish the case
+                print("faulty adapter: waiting for Ctrl-C, which it will swallow", flush=True)
+                try:
+                    time.sleep(3600)
+                except KeyboardInterrupt:
+                    pass
         if self.fault == "abort":
             os.abort()
         if self.fault == "segfault":
@@ -68,6 +77,12 @@ def make_raise():
 
 def make_hang():
     return _make("hang")
+
+
+def make_swallow_ctrl_c():
+    """Like bundled, but its sixth checkpoint call waits for Ctrl-C and swallows it (as code that
+    catches KeyboardInterrupt would), then finishes the case."""
+    return _make("swallow-ctrl-c")
 
 
 def make_abort():

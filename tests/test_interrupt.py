@@ -180,3 +180,26 @@ def test_sigterm_stops_pytest_with_143_and_a_marked_report(tmp_path):
     assert status == 143, run.stdout[-3000:] + run.stderr[-3000:]
     [record] = report_records(tmp_path / "r")
     assert record["interrupted"] == "terminated (SIGTERM) after 1 of 2 cases"
+
+
+def test_ctrl_c_stops_the_fuzzer_even_when_the_case_swallows_it_and_keeps_what_ran(tmp_path):
+    # Code under test (an impl, autograd, Hypothesis) may catch the KeyboardInterrupt and go on:
+    # the fuzzer must stop anyway, exit 130, and keep every program judged before the signal.
+    run = Watched([sys.executable, "-m", "harness", "fuzz", "--impl", "faulty_adapters:make_swallow_ctrl_c",
+                   "--device", "cpu", "--no-isolate", "--no-database", "--seed", "3", "--budget", "600",
+                   "--report-dir", str(tmp_path / "r")], tmp_path / "stderr.txt")
+    try:
+        run.wait_for(r"^faulty adapter: waiting for Ctrl-C")
+        judged = report_records(tmp_path / "r")  # one line per program run (a case may run twice)
+        assert judged, "no program's record was on disk before the signal"
+        before = {r["case_id"] for r in judged}
+        status = run.interrupt()
+    finally:
+        run.kill()
+    assert status == 130, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+    records = report_records(tmp_path / "r")
+    assert {r["case_id"] for r in records} == before  # the interrupted program is not counted
+    message = f"interrupted after {len(judged)} programs"
+    assert message in run.stderr and all(r["interrupted"] == message for r in records)
+    assert message in (tmp_path / "r" / "summary.md").read_text()

@@ -108,3 +108,19 @@ def test_the_script_checks_region_outputs_and_prints_values_as_the_harness_does(
     assert "output r0 iteration 0: Mismatched elements: 1 / 4096" in proc.stdout
     # float values as value and bits, like the harness's messages (not raw integers)
     assert " (0x" in proc.stdout.split("output r0 iteration 0")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("impl, case_id, line", [
+    # a tracker whose fork() does nothing: every tracked comparison would be vacuous
+    ("neg-inert-fork", "nonreentrant-tracked-eager-flat-none-cpu",
+     "reference check failed: tracker fork('model-parallel-rng') did not switch streams: site s0 left "
+     "'model-parallel-rng' where it was (+"),
+])
+def test_the_script_checks_the_reference_as_the_harness_does(tmp_path, impl, case_id, line):
+    result = run(parse_case_id(case_id), load(impl))
+    assert result.outcome.value == "error" and "reference check failed" in result.error
+    script = tmp_path / "repro.py"
+    script.write_text(render(parse_case_id(case_id), impl))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # a broken reference, not a reproduced mismatch
+    assert line in proc.stdout

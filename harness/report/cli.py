@@ -36,12 +36,14 @@ def results_path(location: "str | Path") -> Path:
     return location if location.suffix == ".jsonl" and not location.is_dir() else location / "results.jsonl"
 
 
-def read_results(directory: "str | Path") -> list[dict[str, Any]]:
+def read_results(directory: "str | Path", *, partial: bool = False) -> list[dict[str, Any]]:
     """Every record of DIR/results.jsonl (or of a .jsonl file given directly).
 
     A missing or unreadable file, a line that is not a JSON object (corrupt, or truncated by a job
     that died mid-write) or a record that breaks the record contract (`record_problem`) is a
-    UsageFailure naming file:line.  Blank lines are skipped.
+    UsageFailure naming file:line.  Blank lines are skipped.  With `partial` (a run killed while
+    appending, read to rebuild its report) a truncated last line is left out with a note on stderr
+    instead: every record before it was flushed whole.
     """
     source = results_path(directory)
     if not source.is_file():
@@ -63,6 +65,10 @@ def read_results(directory: "str | Path") -> list[dict[str, Any]]:
         except UnicodeDecodeError:
             raise UsageFailure(f"{source}:{number}: not UTF-8 text") from None
         except json.JSONDecodeError as exc:
+            if truncated and partial:
+                print(f"{source}:{number}: truncated last record left out (the run was killed while "
+                      "writing it)", file=sys.stderr)
+                break
             what = "truncated record (the file ends mid-line)" if truncated else "not a JSON record"
             raise UsageFailure(f"{source}:{number}: {what} ({exc.msg} at column {exc.colno})") from None
         if not isinstance(record, dict):
@@ -109,9 +115,9 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def read_nonempty(location: "str | Path") -> list[dict[str, Any]]:
+def read_nonempty(location: "str | Path", *, partial: bool = False) -> list[dict[str, Any]]:
     """`read_results`, where a report without a single result is a UsageFailure too."""
-    records = read_results(location)
+    records = read_results(location, partial=partial)
     if not records:
         raise UsageFailure(f"{results_path(location)} holds no results")
     return records
@@ -125,7 +131,7 @@ def _write(records: list[dict[str, Any]], target: "str | Path") -> Path:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    records = read_nonempty(args.report_dir)
+    records = read_nonempty(args.report_dir, partial=True)  # a killed run's file ends where it died
     target = Path(args.report_dir)
     target = target.parent if target.suffix == ".jsonl" and not target.is_dir() else target
     print(f"report: {_write(records, target)}")
