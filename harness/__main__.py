@@ -258,6 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with stops.stoppable():
             for target, case in work:
                 record = run_case(target, case, entries, worker=worker).record
+                stops.raise_if_stopped()  # the case may have caught the KeyboardInterrupt and gone on
                 record["worker"] = "main"
                 record["env"] = env
                 records.append(record)

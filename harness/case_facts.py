@@ -47,6 +47,11 @@ fused_attention_only   true: some site inside a region draws and every one that 
                        keeps those ops saves, so nothing is redrawn); false: otherwise
 draws_outside          true: some site outside every region draws (in forward only, between
                        regions); false: none does
+shared_input           true: one tensor feeds two items (a ``&`` in the spec: parallel regions or
+                       sites) or is passed twice to a region (the ``twice`` passing); false: never
+shared_input_regions   true: two regions receive one tensor (parallel regions: ``(A)&(B)``), so
+                       anything a checkpoint keys by its input tensor collides; false: none do
+iterations             the program runs at least this many iterations (named programs: 2)
 =====================  ==========================================================================
 
 `facts_of(case)` computes them once per case; `check_facts` validates an entry's.
@@ -61,7 +66,7 @@ from typing import Any, Mapping
 
 from . import ops
 from .cases import AXES, Case
-from .programs import Dtype, Op, Passing, Region, Shape
+from .programs import Dtype, Op, Passing, Region, Shape, reading_groups
 
 # Facts whose value is one of an enum's values (entry: a value or a list of values).
 ENUM_FACTS: dict[str, type[enum.Enum]] = {
@@ -71,9 +76,10 @@ ENUM_FACTS: dict[str, type[enum.Enum]] = {
     "first_draw_in_region": Op, "op_before_draw": Op,
 }
 BOOL_FACTS = ("after_region", "nested", "tracked_in_region", "draws_in_region", "default_in_region",
-              "draws_outside", "fused_attention_only", "drawn_again_in_region", "tracked_after_draw")
+              "draws_outside", "fused_attention_only", "drawn_again_in_region", "tracked_after_draw",
+              "shared_input", "shared_input_regions")
 FUSED_ATTENTION = frozenset([Op.SDPA_EFFICIENT, Op.SDPA_FLASH, Op.SDPA_CUDNN])
-INT_FACTS = ("regions_pending",)
+INT_FACTS = ("regions_pending", "iterations")
 SITE_FACTS = ("site_in_region",)  # "op.dtype" values
 FACT_KEYS = (*ENUM_FACTS, *SITE_FACTS, *BOOL_FACTS, *INT_FACTS)
 TRACKER_STREAMS = frozenset("tab")
@@ -168,10 +174,16 @@ def facts_of(case: Case) -> CaseFacts:
         "fused_attention_only": bool(drawing_inside) and all(site.op in FUSED_ATTENTION for site in drawing_inside),
         "drawn_again_in_region": again,
         "tracked_after_draw": tracked_after,
+        "shared_input": Passing.TWICE in program.passings() or any(
+            item.parallel for items in [top, *(r.items for r in program.all_regions())] for item in items),
+        "shared_input_regions": any(
+            sum(isinstance(item, Region) for item in group) >= 2
+            for items in [top, *(r.items for r in program.all_regions())] for group in reading_groups(items)),
     }
     # Regions pending at once: the nesting depth, or siblings at the top (each sibling's recompute
     # waits for backward), whichever is more.
-    counts = {"regions_pending": max(len(regions), max((_pending(r) for r in regions), default=0))}
+    counts = {"regions_pending": max(len(regions), max((_pending(r) for r in regions), default=0)),
+              "iterations": program.iterations}
     return CaseFacts(values, flags, counts)
 
 

@@ -24,8 +24,8 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from . import ops
 from .programs import (
-    CLASSIC, FACTORS, SDPA_OPS, SHAPES, TREES, Dtype, Nesting, Op, Passing, Program, ProgramError, Shape, Tree, every_program,
-    parse_enum, parse_program,
+    CLASSIC, FACTORS, SDPA_OPS, SHAPES, TREES, Dtype, Nesting, Op, Passing, Program, ProgramError, Region, Shape, Tree, every_program,
+    parse_enum, parse_program, reading_groups,
 )
 
 __all__ = ["AXES", "Case", "CaseError", "Capture", "Device", "Dtype", "Interleave", "Layout", "MATRICES",
@@ -206,6 +206,40 @@ def _stream_reason(c: Case) -> str | None:
     return None
 
 
+def _readers(item: object) -> int:
+    """How many gradient contributions the item's input receives from inside it in a run without
+    checkpoint: a site reads it once, a region as often as its first items do (twice for the twice
+    passing, once under autocast: its matmul reads it)."""
+    if not isinstance(item, Region):
+        return 1
+    if item.passing is Passing.AUTOCAST:
+        return 1
+    if item.passing is Passing.TWICE:
+        return 2
+    return sum(_readers(inner) for inner in next(reading_groups(item.items)))
+
+
+def _fan_in_reason(c: Case) -> str | None:
+    """A reentrant checkpoint runs its region's backward as a separate graph and hands its input one
+    summed gradient: where that input also feeds other items, the contributions are added in
+    another grouping than without checkpoint, and float addition of three or more terms in another
+    grouping changes last bits.  Such a difference is no RNG bug (torch's reentrant checkpoint
+    makes it too), and no bit-exact oracle could judge the case."""
+    if c.mode is not Mode.REENTRANT:
+        return None
+    every = [c.program.items(), *(region.items for region in c.program.all_regions())]
+    for group in (g for items in every for g in reading_groups(items)):
+        total = sum(_readers(item) for item in group)
+        # (a twice region hands back one gradient per argument, as the run without checkpoint has)
+        split = [item for item in group if isinstance(item, Region) and item.passing is not Passing.TWICE
+                 and 2 <= _readers(item) < total]
+        if total >= 3 and split:
+            return (f"a reentrant checkpoint of region {split[0].name} sums the gradients of its input's "
+                    f"{_readers(split[0])} readers inside it before the other readers' ({total} in all): "
+                    "float addition in another grouping than without checkpoint, not an RNG difference")
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     lambda c: (
         "CUDA graph capture needs a cuda device"
@@ -221,6 +255,7 @@ RULES: tuple[Rule, ...] = (
     ),
     _kernel_reason,
     _stream_reason,
+    _fan_in_reason,
 )
 
 
@@ -376,6 +411,61 @@ PINNED_CUDA = (
 )
 
 
+# Structures the named programs cannot have (issue 29), each a spec program that must meet every
+# layout, capture mode and checkpoint mode in the default matrix (`structure_covering`): a checkpoint
+# bug that needs one of them is a default-matrix cell, not only a fuzz finding.
+STRUCTURES = (
+    # a third and a fourth iteration: per-step snapshot buffers that go stale after two steps
+    "x3:(native_dropout+(native_dropout))",
+    "x4:(native_dropout)+(dropout)",
+    # out-of-place and in-place RNG ops mixed in one region, both orders: a checkpoint (or a
+    # selective policy) that replays saved out-of-place outputs and redraws in-place ones draws
+    # the in-place ones from a shifted position
+    "(native_dropout+dropout_inplace)",
+    "(bernoulli_+rand)",
+    # attention beside another RNG site in one region, and attention that pins no backend after
+    # a region (its output shows SDPA flags a checkpoint left changed)
+    "(sdpa_math+native_dropout)",
+    "(native_dropout+native_dropout)+sdpa_auto",
+    # one tensor feeding two regions (parallel branches), two sites of a region, or one region twice
+    "(native_dropout)&(native_dropout)",
+    "(native_dropout&native_dropout)",
+    "twice(native_dropout+native_dropout)",
+    # an inner region as its outer region's first item: a non-reentrant checkpoint hands it the
+    # outer's own input tensor, so anything keyed by the input tensor collides
+    "((native_dropout)+native_dropout)",
+)
+# Values only `STRUCTURES` bring in: the covering of the named programs leaves them out, so that
+# adding a structure never reshuffles the cells the expectations file names by id.
+STRUCTURE_ONLY = (Op.SDPA_AUTO, Passing.TWICE)
+
+
+@functools.lru_cache(maxsize=None)
+def structure_covering(device: Device) -> tuple[Case, ...]:
+    """Cases of every `STRUCTURES` program such that each meets every layout, every capture mode
+    the device has and both checkpoint modes (greedy, in a fixed order: the same cases on every
+    run), alternating the interleave."""
+    captures = [c for c in Capture if device is Device.CUDA or c is Capture.EAGER]
+    rows: list[Case] = []
+    for spec in STRUCTURES:
+        program = parse_program(spec)
+        todo = {("layout", v) for v in Layout} | {("capture", v) for v in captures} | {("mode", v) for v in Mode}
+        while todo:
+            best, gain = None, 0
+            modes = list(Mode) if len(rows) % 2 else list(Mode)[::-1]  # ties alternate the mode
+            for layout, capture, mode in itertools.product(Layout, captures, modes):
+                case = Case(mode, layout, capture, program,
+                            Interleave.DRAWS if len(rows) % 2 else Interleave.NONE, device)
+                covers = len(todo & {("layout", layout), ("capture", capture), ("mode", mode)})
+                if covers > gain and invalid_reason(case) is None:
+                    best, gain = case, covers
+            if best is None:
+                raise AssertionError(f"no valid case of {spec} covers {sorted(str(v) for _, v in todo)}")
+            rows.append(best)
+            todo -= {("layout", best.layout), ("capture", best.capture), ("mode", best.mode)}
+    return tuple(rows)
+
+
 def _default(device: Device) -> Iterator[Case]:
     from . import corpus  # it reads case ids
 
@@ -383,7 +473,8 @@ def _default(device: Device) -> Iterator[Case]:
     classic = _cases(device, CLASSIC_PROGRAMS)
     pins = PINNED + (PINNED_CUDA if device is Device.CUDA else ())
     pinned = (parse_case_id(f"{case_id}-{device.value}") for case_id in pins)
-    for case in itertools.chain(classic, covering(device), pinned, corpus.cases(device.value)):
+    for case in itertools.chain(classic, covering(device), structure_covering(device), pinned,
+                                corpus.cases(device.value)):
         if case.id not in seen:
             seen.add(case.id)
             yield case
@@ -412,6 +503,8 @@ def _cores(device: Device) -> tuple[dict[str, enum.Enum], ...]:
     read only these (and the device), so layout, nesting and interleave are free in any of them."""
     out = []
     for values in itertools.product(Op, Dtype, Shape, Passing, Mode, Capture):
+        if any(value in STRUCTURE_ONLY for value in values):
+            continue
         core = dict(zip(_CORE, values))
         case = Case(core["mode"], Layout.DEFAULT, core["capture"],  # type: ignore[arg-type]
                     Program(*values[:4], Nesting.FLAT), Interleave.NONE, device)  # type: ignore[arg-type]

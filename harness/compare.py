@@ -43,7 +43,7 @@ def int_view(tensor: torch.Tensor) -> torch.Tensor:
 class Mismatch:
     """One failed oracle check: what, where, when, how many, and the first difference."""
 
-    oracle: str  # forward-mask | recompute-mask | gradient | live-stream | fresh-randomness | output | identity
+    oracle: str  # forward-mask | recompute-mask | gradient | live-stream | fresh-randomness | output | identity | ambient
     subject: str  # site, tensor or stream name
     iteration: int
     count: int  # differing elements

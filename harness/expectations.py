@@ -65,7 +65,7 @@ DEFAULT_PATH = Path(__file__).resolve().parent.parent / "cases" / "expectations.
 FAILURE_OUTCOMES = ("mismatch", "error", "crash", "timeout")
 OUTCOMES = ("pass", *FAILURE_OUTCOMES)
 ORACLES = ("forward-mask", "recompute-mask", "gradient", "buffer", "live-stream", "fresh-randomness",
-           "output", "identity")
+           "output", "identity", "ambient")
 ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracles", "message", "name",
               "unless", *FACT_KEYS}
 

@@ -4,7 +4,7 @@ Hypothesis draws the cases (`case_strategy`): a checkpoint mode, a stream layout
 (eager on the CPU; all three on CUDA), the interleave, 2 to 4 iterations, and a spec program
 (`harness.spec`): a tree of up to `MAX_SITES` sites and regions up to `MAX_DEPTH` deep, every site
 with its own op, dtype and stream (or the layout's), every region with its own passing, sites
-between regions.  Every draw shrinks towards the simplest choice (one region, one
+between regions, items fed from one tensor (``&``).  Every draw shrinks towards the simplest choice (one region, one
 native_dropout site, float32, 64x64, positional, the default layout, eager, no interleave, two
 iterations), so the failing case Hypothesis ends with is the smallest it could find.
 
@@ -95,7 +95,12 @@ def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, lay
         if passing is Passing.SDPA_KERNEL and len(attention) != 1:
             passing = Passing.POSITIONAL  # sdpa_kernel needs attention inside, all on one backend
         prefix = "" if passing is Passing.POSITIONAL else passing.value
-        return f"{prefix}({'+'.join(parts)})", inner_ops
+        return f"{prefix}({joined(parts)})", inner_ops
+
+    def joined(parts: list[str]) -> str:
+        # '&' (the next item reads the same input as the one before) or '+'; False, what a
+        # boolean shrinks to, is '+'
+        return "".join(("&" if n and draw(st.booleans()) else "+" if n else "") + part for n, part in enumerate(parts))
 
     items = []
     for position in range(draw(st.integers(1, MAX_ITEMS))):
@@ -103,7 +108,7 @@ def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, lay
             break
         # False (what a boolean shrinks to) is a region at the top level: programs shrink to one.
         items.append(site()[0] if position and draw(st.booleans()) else region(1)[0])
-    return "+".join(items)
+    return joined(items)
 
 
 @st.composite

@@ -90,6 +90,16 @@ def _nodraw(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return h, h
 
 
+def _sdpa_auto(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # No backend pinned and no dropout: torch picks the backend from the SDPA flags (on the CPU
+    # its flash kernel, whose output differs from math's in most elements), so a flag a checkpoint
+    # left changed shows in this output.
+    view = ATTENTION_VIEWS[SHAPE_OF[tuple(h.shape)]]
+    q = h.view(view)
+    out = F.scaled_dot_product_attention(q, q, q, scale=1.0 / view[3])
+    return out.reshape(h.shape), out
+
+
 def _dropout_p0(h: torch.Tensor, _: bool) -> tuple[torch.Tensor, torch.Tensor]:
     # A model built with dropout 0.0 still calls F.dropout; at p = 0 torch returns the input and
     # draws nothing, so a checkpoint must neither need nor move any stream (TransformerEngine's
@@ -169,6 +179,10 @@ REGISTRY: dict[Op, OpSpec] = {spec.op: spec for spec in (
     *(_attention_spec(op) for op in SDPA_OPS),
     OpSpec(Op.NODRAW, _nodraw, "the activation (nothing is drawn)", draws=False),
     OpSpec(Op.DROPOUT_P0, _dropout_p0, "F.dropout(p=0)'s output (nothing is drawn)", draws=False),
+    # On CUDA the flags pick flash or memory-efficient attention, whose backward accumulates in a
+    # run-to-run order: deterministic mode on, and the reference run twice (`reproducible`).
+    OpSpec(Op.SDPA_AUTO, _sdpa_auto, "the attention output on the backend the SDPA flags choose (nothing is drawn)",
+           draws=False, deterministic_mode=True, reproducible=False),
 )}
 
 

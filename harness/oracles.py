@@ -1,8 +1,10 @@
 """The oracles of a case, applied to a reference and a checkpointed run.
 
 forward-mask, recompute-mask, gradient, buffer (module state such as running statistics),
-live-stream, fresh-randomness, output (every region's output and the loss equal the reference's)
-and identity (every stream name resolves to the object it resolved to before the run).  Each works
+live-stream, fresh-randomness, output (every region's output and the loss equal the reference's),
+identity (every stream name resolves to the object it resolved to before the run) and ambient
+(the process state a checkpoint touches besides RNG, `harness.ambient`, equals the reference's
+after each top-level region's forward, after its backward and after the whole backward).  Each works
 on `RunRecord`s alone, so tests can feed it synthetic records (tests/test_oracles.py).
 
 Two oracles judge the checkpointed run by what the reference did, not by an absolute rule: a
@@ -23,7 +25,8 @@ import torch
 
 from .compare import CHANCE_OF_REPEAT, Mismatch, any_differences, bitwise_diff, repeat_chance
 from .expectations import ORACLES
-from .records import FORWARD, RECOMPUTE, RunRecord
+from .ambient import differences as ambient_differences
+from .records import CAPTURE, FORWARD, RECOMPUTE, WARMUP, RunRecord
 from .streams import compare_streams, identity_mismatches
 
 __all__ = ["ORACLES", "Checks", "RunRecord", "Sites", "check"]
@@ -202,6 +205,32 @@ def identity(ck: RunRecord, it: int, checks: Checks) -> None:
         checks.add(mismatch)
 
 
+PHASE_OF = {WARMUP: " (eager warm-up)", CAPTURE: " (during capture)"}
+
+
+def ambient_state(ref: RunRecord, ck: RunRecord, checks: Checks) -> None:
+    """Oracle 8: at each point where both runs read their ambient state, the checkpointed run's
+    equals the reference's, piece by piece; a piece is reported where it first differs in an
+    iteration (a leak persists: the later points would only repeat it).  A point one run never
+    reached (no gradient reached a region's input) is the gradient oracle's to report.  Runs that
+    read none (module mode) pass."""
+    for it in sorted(set(ref.ambient) | set(ck.ambient), key=lambda i: (i >= 0, i)):
+        expected_at: dict[str, list[dict]] = {}
+        for label, state in ref.ambient.get(it, []):
+            expected_at.setdefault(label, []).append(state)
+        seen: dict[str, int] = {}
+        reported: set[str] = set()
+        for label, state in ck.ambient.get(it, []):
+            n = seen[label] = seen.get(label, -1) + 1
+            if n >= len(expected_at.get(label, [])):
+                continue
+            lines = [line for line in ambient_differences(state, expected_at[label][n])
+                     if line.split(":")[0] not in reported]
+            if lines:
+                reported.update(line.split(":")[0] for line in lines)
+                checks.add(Mismatch("ambient", label + PHASE_OF.get(it, ""), max(it, 0), 0, 0, detail="; ".join(lines)))
+
+
 def check(ref: RunRecord, ck: RunRecord, sites: Sites, iterations: int,
           output_names: list[str] | None = None, drawing: list[str] | None = None) -> list[Mismatch]:
     """Every oracle over every iteration, in oracle order within each iteration.  `sites` are the
@@ -221,4 +250,5 @@ def check(ref: RunRecord, ck: RunRecord, sites: Sites, iterations: int,
     if drawing is None:
         drawing = list(dict.fromkeys(s for it in range(iterations) for s in sites_at(it)))
     fresh_randomness(ref, ck, drawing, iterations, checks)
+    ambient_state(ref, ck, checks)
     return checks.resolve()

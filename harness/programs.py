@@ -15,6 +15,10 @@ A program is a tree of checkpointed regions and sites.  It is named by five fact
 * ``nesting``: the tree (``flat``, ``nested``, ``siblings``, ``deep``: three levels, ``wide``: three
   sibling regions, whose recomputes are all pending at once).
 
+Spec programs (`harness.spec`) add what named programs lack: per-site ops, dtypes and streams,
+sites between regions, more iterations, and items fed from one tensor (``&``: a parallel branch;
+the ``twice`` passing: one tensor as two arguments).
+
 A program's name is its five factors joined by '.', e.g. ``rand.bf16.odd.keyword.deep``, except that
 the programs of the first matrix (one or two ``native_dropout`` sites per region, float32 64x64,
 positional input) are named by their nesting alone (``flat``, ``nested``, ``siblings``, and so
@@ -55,6 +59,9 @@ class Op(enum.Enum):
     SDPA_CUDNN = "sdpa_cudnn"
     NODRAW = "nodraw"
     DROPOUT_P0 = "dropout_p0"
+    # Attention without dropout on whatever backend the SDPA flags let torch choose: it draws
+    # nothing, and its output shows a checkpoint that leaves the flags changed (issue 29).
+    SDPA_AUTO = "sdpa_auto"
 
 
 class Dtype(enum.Enum):
@@ -79,6 +86,7 @@ class Passing(enum.Enum):
     DICT = "dict"
     AUTOCAST = "autocast"
     SDPA_KERNEL = "sdpa_kernel"
+    TWICE = "twice"  # the same tensor passed as two arguments (the region reads their mean)
 
 
 class Nesting(enum.Enum):
@@ -101,6 +109,7 @@ SHAPES = {Shape.SMALL: (64, 64), Shape.ODD: (63, 65), Shape.LARGE: (1024, 1024)}
 ATTENTION_VIEWS = {Shape.SMALL: (1, 1, 64, 64), Shape.ODD: (1, 1, 63, 65), Shape.LARGE: (1, 16, 256, 256)}
 TORCH_DTYPES = {Dtype.F32: "float32", Dtype.BF16: "bfloat16", Dtype.F16: "float16"}
 SDPA_OPS = (Op.SDPA_MATH, Op.SDPA_EFFICIENT, Op.SDPA_FLASH, Op.SDPA_CUDNN)
+NO_DRAW_OPS = (Op.NODRAW, Op.DROPOUT_P0, Op.SDPA_AUTO)  # their named programs alternate them with native_dropout
 # The factors of the first matrix's programs, named by their nesting alone.
 CLASSIC = (Op.NATIVE_DROPOUT, Dtype.F32, Shape.SMALL, Passing.POSITIONAL)
 # Each nesting's tree: a list per top-level region, holding its sites ("s") and inner regions.
@@ -136,6 +145,9 @@ class Site:
     dtype: Dtype = Dtype.F32
     stream: "str | None" = None
     own_backend: bool = True
+    # True: reads the same input as the item before it (a parallel branch, as attention and MLP
+    # both read one normalised tensor) and its output is added to that item's (spec: ``&``).
+    parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,7 @@ class Region:
     items: tuple[Union[Site, "Region"], ...]
     passing: Passing = Passing.POSITIONAL
     backend: "Op | None" = None
+    parallel: bool = False  # as `Site.parallel`: several regions fed from one tensor
 
     def sites(self) -> list[Site]:
         """Every site of this region and of the regions inside it, in execution order."""
@@ -164,6 +177,18 @@ class Region:
 
 
 Item = Union[Site, Region]
+
+
+def reading_groups(items: "tuple[Item, ...]") -> "Iterator[list[Item]]":
+    """`items` split into the groups that read one tensor: an item and the parallel items after it."""
+    group: list[Item] = []
+    for item in items:
+        if group and not item.parallel:
+            yield group
+            group = []
+        group.append(item)
+    if group:
+        yield group
 
 
 class Tree:
@@ -265,7 +290,7 @@ class Program(Tree):
         return {name: getattr(self, name) for name in FACTORS}
 
     def site_op(self, index: int) -> Op:
-        if self.op in (Op.NODRAW, Op.DROPOUT_P0):  # a site that draws nothing beside one that does
+        if self.op in NO_DRAW_OPS:  # a site that draws nothing beside one that does
             return self.op if index % 2 == 0 else Op.NATIVE_DROPOUT
         return self.op
 
@@ -317,7 +342,7 @@ def parse_factor(name: str, value: "str | enum.Enum") -> enum.Enum:
 def parse_program(name: str) -> Tree:
     """A program from its name (`Program.name`: a nesting alone, or five dotted factors) or its
     spec (`harness.spec`: anything with a parenthesis, ``+``, ``@`` or ``:``)."""
-    if any(mark in name for mark in "()+@:"):
+    if any(mark in name for mark in "()+&@:"):
         from .spec import parse_spec
 
         return parse_spec(name)

@@ -73,7 +73,9 @@ class RunRecord:
     `log` holds RNG outputs (by site), region outputs (by region name) and the loss (``loss``);
     `grads` and `buffers` copies of the gradients and of the model's buffers after each backward;
     `objects_before` / `objects` the state object behind each tracker stream name before the run
-    and after each iteration's backward; `watch` which streams each eager site draw advanced.
+    and after each iteration's backward; `watch` which streams each eager site draw advanced;
+    `ambient` the ambient state (`harness.ambient`) after each top-level region's forward, after its
+    backward (recompute included) and after the whole backward.
     """
 
     log: MaskLog
@@ -84,6 +86,8 @@ class RunRecord:
     objects: dict[int, dict[str, object]] = field(default_factory=dict)
     watch: DrawWatch = field(default_factory=DrawWatch)
     alias_problem: str = ""  # shared layout, reference run: why the alias is no alias ('' if it is)
+    # iteration (WARMUP and CAPTURE too) -> [(point, `ambient.snapshot`)] in the order the points came
+    ambient: dict[int, list[tuple[str, dict]]] = field(default_factory=dict)
 
     def draws(self, iteration: int, site: str, phase: str) -> list[torch.Tensor]:
         return self.log.masks.get((iteration, site, phase), [])

@@ -59,10 +59,11 @@ def _program_literal(case: Case) -> str:
         if isinstance(it, Region):
             inner = f",\n{indent}    ".join(item(child, indent + "    ") for child in it.items)
             backend = it.backend.value if it.backend else None
-            return f"(\"region\", {it.name!r}, {it.passing.value!r}, {backend!r}, [\n{indent}    {inner}])"
+            return (f"(\"region\", {it.name!r}, {it.passing.value!r}, {backend!r}, [\n{indent}    {inner}], "
+                    f"{it.parallel!r})")
         assert isinstance(it, Site)
         return (f"(\"site\", {it.name!r}, {it.op.value!r}, {TORCH_DTYPES[it.dtype]!r}, {streams[it.name]!r}, "
-                f"{it.own_backend!r})")
+                f"{it.own_backend!r}, {it.parallel!r})")
 
     return "[\n    " + ",\n    ".join(item(it, "    ") for it in case.program.items()) + ",\n]"
 
@@ -84,7 +85,7 @@ def render(case: Case, impl: str) -> str:
         "INTERLEAVE": repr(case.interleave is Interleave.DRAWS),
         "DEVICE": f"torch.device({case.device.value!r})",
     }
-    text, count = re.subn(r"^PROGRAM = \[.*?\]\)\]\n", lambda _: f"PROGRAM = {_program_literal(case)}\n", text,
+    text, count = re.subn(r"^PROGRAM = \[\n.*?^\]\n", lambda _: f"PROGRAM = {_program_literal(case)}\n", text,
                           count=1, flags=re.M | re.S)
     if count != 1:
         raise RuntimeError("repro template lacks its PROGRAM")

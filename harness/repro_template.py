@@ -20,14 +20,19 @@ REENTRANT = True
 LAYOUT = "tracked"  # default | tracked | mixed | shared | untracked
 CAPTURE = "eager"  # eager | separate | single
 # The region program: a list of items in order.  A site is ("site", name, op, dtype, stream,
-# own_backend): its RNG consumer (see OPS below), the dtype it works in, the tracker stream it
-# draws from (None: the default generator) and whether an attention site chooses its backend
-# itself.  A region is ("region", name, passing, backend, items): a checkpointed function of its
-# items, receiving its input by passing (positional | keyword | closure | list | dict) or entered
-# under a context (autocast | sdpa_kernel, the backend of that attention op).  A site outside
-# every region draws in forward only.
-PROGRAM = [("region", "r0", "positional", None, [("site", "s0", "native_dropout", "float32", "model-parallel-rng", True),
-                                                 ("site", "s1", "native_dropout", "float32", "model-parallel-rng", True)])]
+# own_backend, parallel): its RNG consumer (see OPS below), the dtype it works in, the tracker
+# stream it draws from (None: the default generator) and whether an attention site chooses its
+# backend itself.  A region is ("region", name, passing, backend, items, parallel): a checkpointed
+# function of its items, receiving its input by passing (positional | keyword | closure | list |
+# dict | twice: the same tensor as two arguments) or entered under a context (autocast |
+# sdpa_kernel, the backend of that attention op).  An item marked parallel reads the same input as
+# the item before it and adds its output to that item's.  A site outside every region draws in
+# forward only.
+PROGRAM = [
+    ("region", "r0", "positional", None, [
+        ("site", "s0", "native_dropout", "float32", "model-parallel-rng", True, False),
+        ("site", "s1", "native_dropout", "float32", "model-parallel-rng", True, False)], False),
+]
 DTYPE = torch.float32  # of the input
 SHAPE = (64, 64)
 ATTENTION_VIEW = (1, 1, 64, 64)  # (batch, heads, sequence, head dim) of an attention site
@@ -137,6 +142,13 @@ def attention(op, own_backend):
     return apply
 
 
+def attention_auto(h):
+    """Attention without dropout on the backend the SDPA flags choose."""
+    q = h.view(ATTENTION_VIEW)
+    out = F.scaled_dot_product_attention(q, q, q, scale=1.0 / ATTENTION_VIEW[3])
+    return out.reshape(h.shape), out
+
+
 def times(draw):
     def apply(h):
         r = draw(h)
@@ -176,6 +188,7 @@ OPS = {  # op -> h -> (what the site passes on, the RNG output compared)
     "poisson": times(lambda h: torch.poisson(torch.full_like(h, 2.0))),
     "exponential_": times(lambda h: torch.empty_like(h).exponential_(1.0)),
     "nodraw": lambda h: (h, h),
+    "sdpa_auto": attention_auto,
     "dropout_p0": lambda h: (lambda out: (out, out))(F.dropout(h, 0.0, training=True)),
 }  # and sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn: attention(op, own_backend)
 
@@ -223,13 +236,13 @@ class Run:
         return default, self.tracker.get_states()[stream] if stream else default
 
     def site(self, site, h):
-        _, name, op, dtype, stream, own_backend = site
+        _, name, op, dtype, stream, own_backend, _ = site
         h = h.to(getattr(torch, dtype))
         # the reference's own check: which streams each eager forward draw of the reference moved
         watched = not self.checkpointed and self.phase == "forward" and self.iteration != -2
         before = self.stream_states(stream) if watched else None
         with self.tracker.fork(stream) if stream else contextlib.nullcontext():
-            h, drawn = (attention(op, own_backend) if op.startswith("sdpa_") else OPS[op])(h)
+            h, drawn = (OPS[op] if op in OPS else attention(op, own_backend))(h)
         if watched:
             after = self.stream_states(stream)
             self.moved.setdefault(name, []).append(tuple(not torch.equal(a, b) for a, b in zip(before, after)))
@@ -243,15 +256,26 @@ class Run:
     def item(self, item, h):
         return self.region(item, h) if item[0] == "region" else self.site(item, h)
 
+    def sequence(self, items, h):
+        """Each item reads the output of the one before; a parallel one reads the same input as
+        the item before it and adds its output to that item's."""
+        base = h
+        for item in items:
+            if item[-1]:
+                h = h + self.item(item, base).to(h.dtype)
+            else:
+                base = h
+                h = self.item(item, h)
+        return h
+
     def region(self, region, h):
-        _, name, passing, backend, items = region
+        _, name, passing, backend, items, _ = region
 
         def body(h):
             dtype = h.dtype
             if passing == "autocast":  # a matmul, which autocast runs in bfloat16
                 h = (h @ self.w[f"matrix.{name}"]).to(dtype)
-            for item in items:
-                h = self.item(item, h)
+            h = self.sequence(items, h)
             return h.to(dtype)
 
         # how the region receives its input, and the context it is entered under
@@ -260,6 +284,7 @@ class Run:
             "closure": (lambda: body(h), (), {}),
             "list": (lambda hs: body(hs[0]), ([h],), {}),
             "dict": (lambda d: body(d["h"]), ({"h": h},), {}),
+            "twice": (lambda a, b: body((a + b) * 0.5), (h, h), {}),
         }.get(passing, (body, (h,), {}))
         context = contextlib.nullcontext()
         if passing == "autocast":
@@ -281,9 +306,7 @@ class Run:
 
     def forward(self):
         self.phase = "forward"
-        h = self.x
-        for item in PROGRAM:
-            h = self.item(item, h)
+        h = self.sequence(PROGRAM, self.x)
         loss = (h.to(self.loss_weight.dtype) * self.loss_weight).float().sum()
         self.output("loss", loss)
         return loss
@@ -383,7 +406,7 @@ class Run:
 
 
 # --- the reference's own check ----------------------------------------------------------------
-DRAW_NOTHING = ("nodraw", "dropout_p0")  # ops that draw nothing
+DRAW_NOTHING = ("nodraw", "dropout_p0", "sdpa_auto")  # ops that draw nothing
 
 
 def reference_problems(reference):
@@ -391,7 +414,7 @@ def reference_problems(reference):
     reference that drew nothing (a tracker whose fork does not switch streams, an op that did not
     draw) would be vacuous, so the harness checks this before comparing, and so does this script."""
     problems = []
-    for _, name, op, _, stream, _ in _sites(PROGRAM):
+    for _, name, op, _, stream, _, _ in _sites(PROGRAM):
         draws = op not in DRAW_NOTHING
         where = f"the default generator ({DEVICE.type})"
         for default_moved, stream_moved in reference.moved.get(name, []):

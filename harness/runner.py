@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import ops
+from . import ambient, ops
 from .capture import execute
 from .cases import Case, Device, Interleave, Layout, Mode, parse_case_id
 from .compare import Mismatch
@@ -193,8 +193,14 @@ class RunSession(TrackedRun):
             self.record.alias_problem = alias_problem(self.tracker, device)
         self.events = timeline
         region_event = (lambda label: self.event(f"{self.record.log.phase} {label}")) if timeline is not None else None
+        self.stream_roles = ambient.StreamRoles()
         self.workload = Workload(case, device, self.tracker, self.weights, checkpoint, self.record.log.record,
-                                 watch, region_event)
+                                 watch, region_event, self.ambient_point)
+
+    def ambient_point(self, label: str) -> None:
+        """File the ambient state now under `label` in the current iteration (warm-up and capture too)."""
+        state = ambient.snapshot(self.stream_roles, in_backward=label.startswith("in backward"))
+        self.record.ambient.setdefault(self.record.log.iteration, []).append((label, state))
 
     def event(self, label: str) -> None:
         """Record every stream's state under `label` (only when a timeline was asked for)."""
@@ -209,6 +215,7 @@ class RunSession(TrackedRun):
 
     def forward(self) -> torch.Tensor:
         self.record.log.phase = FORWARD
+        self.stream_roles.anchor()
         return self.workload.forward(self.x, self.tensors.loss_weight)
 
     def between(self, cpu: bool = True, device: bool = True) -> None:
@@ -222,6 +229,7 @@ class RunSession(TrackedRun):
     def backward(self, loss: torch.Tensor) -> None:
         self.record.log.phase = RECOMPUTE  # any site drawn from here on is a recompute
         loss.backward()
+        self.ambient_point("after backward")
 
     def collect(self, iteration: int) -> None:
         """Copy this iteration's masks, gradients and stream states out of (static) buffers."""
@@ -379,7 +387,9 @@ def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool,
     if device.type == "cuda":
         torch.cuda.init()  # before the RNG inventory, so CUDA generators are part of it
     clock = _Clock(result.timings)
-    with preserved_global_rng(), ops.determinism(case.program.ops()):
+    # ambient.preserved: an impl that leaks global state (SDPA flags, default dtype) must not
+    # change the cases after it; the ambient oracle reports the leak in this one.
+    with ambient.preserved(), preserved_global_rng(), ops.determinism(case.program.ops()):
         tensors = Tensors.make(case, device)
         make_tracker = getattr(impl, "make_tracker", None)
         timelines = result.timelines = {"reference": [], "checkpointed": []} if timeline else {}

@@ -13,7 +13,11 @@ A spec is an optional header, a colon, and the program's items joined by ``+`` (
   when absent) and the stream it draws from (``d`` the default generator, ``t`` the tracked
   stream, ``a`` and ``b`` the shared pair; when absent, the case's layout decides by the site's
   index, as for named programs);
-* a site outside every region draws in forward only (a draw between checkpointed regions).
+* a site outside every region draws in forward only (a draw between checkpointed regions);
+* items are joined by ``+`` (the next reads the output of the one before) or by ``&`` (the next
+  reads the same input as the one before, and their outputs are added): ``(dropout)&(dropout)``
+  feeds two regions from one tensor, as attention and MLP branches read one normalised input;
+* the ``twice`` passing hands the region one tensor as two arguments (``twice(dropout)``).
 
 `format_spec` writes the canonical form (defaults left out); `parse_spec(format_spec(p))` is a
 program equal to ``p`` and `format_spec` of it is the same text.  Every named program has a spec
@@ -83,13 +87,16 @@ def format_spec(program: Tree) -> str:
     def item(it: Item) -> str:
         if isinstance(it, Region):
             prefix = "" if it.passing is Passing.POSITIONAL else it.passing.value
-            return f"{prefix}({'+'.join(item(inner) for inner in it.items)})"
+            return f"{prefix}({sequence(it.items)})"
         text = it.op.value
         if it.dtype is not program.dtype:
             text += f".{it.dtype.value}"
         return text + (f"@{it.stream}" if it.stream else "")
 
-    body = "+".join(item(it) for it in program.items())
+    def sequence(items: "tuple[Item, ...]") -> str:
+        return "".join(("" if n == 0 else "&" if it.parallel else "+") + item(it) for n, it in enumerate(items))
+
+    body = sequence(program.items())
     return f"{'.'.join(h if isinstance(h, str) else h.value for h in header)}:{body}" if header else body
 
 
@@ -127,12 +134,12 @@ class _Parser:
 
     def items(self, closing: str | None) -> list:
         out = [self.item()]
-        while self.peek() == "+":
-            self.take("+")
-            out.append(self.item())
+        while self.peek() in ("+", "&"):
+            parallel = self.take() == "&"  # '&': reads the same input as the item before it
+            out.append((*self.item(), parallel) if parallel else self.item())
         if self.peek() != closing:
-            raise self.fail(f"expected '+' or {closing!r}" if closing else "expected '+' or the end")
-        return out
+            raise self.fail(f"expected '+', '&' or {closing!r}" if closing else "expected '+', '&' or the end")
+        return [node if len(node) == (5 if node[0] == "site" else 4) else (*node, False) for node in out]
 
     def item(self) -> tuple:
         if self.peek() == "(":
@@ -200,15 +207,15 @@ def parse_spec(text: str) -> SpecProgram:
     def build(node: tuple, backend: Op | None) -> Item:
         if node[0] == "site":
             index = next(sites)
-            _, op, site_dtype, stream = node
-            return Site(f"s{index}", op, index, site_dtype or dtype, stream, backend is None)
-        _, passing, inner = node
+            _, op, site_dtype, stream, parallel = node
+            return Site(f"s{index}", op, index, site_dtype or dtype, stream, backend is None, parallel)
+        _, passing, inner, parallel = node
         name = f"r{next(regions)}"  # before the inner regions, as named programs number them
         if passing is Passing.SDPA_KERNEL and backend is None:
             backend = next((op for op in _ops(inner) if op in SDPA_OPS), None) or Op.SDPA_MATH
             # (no attention site inside: cases.RULES refuses the program; math keeps it buildable)
         items = tuple(build(child, backend) for child in inner)
-        return Region(name, items, passing, backend if passing is Passing.SDPA_KERNEL else None)
+        return Region(name, items, passing, backend if passing is Passing.SDPA_KERNEL else None, parallel)
 
     return SpecProgram(tuple(build(node, None) for node in raw), shape, dtype, iterations)
 

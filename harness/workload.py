@@ -24,7 +24,7 @@ import torch
 from . import ops
 from .cases import Case, Interleave, Layout, Passing, layout_stream
 from .checkpoint.generators import default_generator
-from .programs import TORCH_DTYPES, Dtype, Region, Site
+from .programs import TORCH_DTYPES, Dtype, Item, Region, Site
 from .records import LOSS
 from .streams import state_value
 
@@ -48,6 +48,7 @@ KEYWORD = "inp"  # the keyword a region takes its input by, in the keyword passi
 CheckpointFn = Callable[[Callable[..., Any], tuple, dict, torch.Tensor], torch.Tensor]
 Record = Callable[[str, torch.Tensor], None]
 Watch = Callable[[str, bool, bool], None]  # site, advanced the default generator, advanced its stream
+Point = Callable[[str], None]  # the run reached a point where its ambient state is read ("after r0 forward")
 
 
 # A `programs.STREAMS` code -> the tracker stream it names (None: the default generator).
@@ -175,6 +176,8 @@ def _entered(region_fn: Callable[[torch.Tensor], torch.Tensor], passing: Passing
         return (lambda hs: region_fn(hs[0])), ([h],), {}
     if passing is Passing.DICT:
         return (lambda d: region_fn(d["h"])), ({"h": h},), {}
+    if passing is Passing.TWICE:  # one tensor as two arguments: a checkpoint must not mix them up
+        return (lambda a, b: region_fn((a + b) * 0.5)), (h, h), {}
     return region_fn, (h,), {}
 
 
@@ -191,10 +194,12 @@ class Workload:
         record: Record,
         watch: Watch | None = None,
         event: Callable[[str], None] | None = None,
+        point: Point | None = None,
     ) -> None:
         self.case, self.device, self.tracker = case, device, tracker
         self.weights, self.checkpoint, self.record = weights, checkpoint, record
         self.watch, self.event = watch, event or (lambda label: None)
+        self.point = point
         self.program = case.program
         self.streams = case_streams(case)
 
@@ -237,8 +242,7 @@ class Workload:
             dtype = h.dtype
             if region.passing is Passing.AUTOCAST:  # a matmul, which autocast runs in bfloat16
                 h = (h @ self.weights[f"matrix.{region.name}"]).to(dtype)
-            for item in region.items:
-                h = self._call(item, h) if isinstance(item, Region) else self._site(item, h)
+            h = self._sequence(region.items, h)
             self.event(f"{region.name} exit")
             return h.to(dtype)  # autocast may have changed it (attention runs in bfloat16 there)
 
@@ -252,6 +256,31 @@ class Workload:
             return ops.sdpa_context(region.backend)
         return contextlib.nullcontext()
 
+    def _sequence(self, items: "tuple[Item, ...]", h: torch.Tensor,
+                  top_level: bool = False) -> torch.Tensor:
+        """Run `items` in order: each reads the output of the one before, except a parallel item,
+        which reads the same input as the item before it and adds its output to that item's."""
+        base = h  # the input of the latest item that is not parallel
+        for item in items:
+            if not item.parallel:
+                base = h
+            out = self._item(item, base, top_level)
+            h = h + out.to(h.dtype) if item.parallel else out
+        return h
+
+    def _item(self, item: "Item", h: torch.Tensor, top_level: bool) -> torch.Tensor:
+        if not isinstance(item, Region):
+            return self._site(item, h)
+        if top_level and self.point is not None and h.requires_grad:
+            # Fires once the gradient of the region's input is complete: after the region's
+            # backward, and so after its recompute.  Top-level regions only: an inner region's
+            # forward tensors are not the ones a recompute's backward runs through.
+            h.register_hook(lambda grad, name=item.name: self.point(f"in backward, after {name}'s recompute"))
+        out = self._call(item, h)
+        if top_level and self.point is not None:  # the caller's state once the region returned
+            self.point(f"after {item.name} forward")
+        return out
+
     def _call(self, region: Region, h: torch.Tensor) -> torch.Tensor:
         fn, args, kwargs = _entered(self._body(region), region.passing, h)
         with self._context(region):
@@ -261,9 +290,8 @@ class Workload:
 
     def forward(self, x: torch.Tensor, loss_weight: torch.Tensor) -> torch.Tensor:
         """The scalar loss (float32) of one forward pass through every region (recorded as ``loss``)."""
-        h = x
-        for item in self.program.items():  # regions, and sites outside any (spec programs)
-            h = self._call(item, h) if isinstance(item, Region) else self._site(item, h)
+        # regions, and sites outside any (spec programs)
+        h = self._sequence(self.program.items(), x, top_level=True)
         loss = (h.to(loss_weight.dtype) * loss_weight).float().sum()
         self.record(LOSS, loss)
         return loss

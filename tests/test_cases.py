@@ -20,7 +20,7 @@ from harness.cases import (
     filters_from_mapping,
     generate,
     PINNED, PINNED_CUDA,
-    covering,
+    covering, structure_covering,
     invalid_reason,
     parse_case_id,
     parse_value,
@@ -50,8 +50,8 @@ def test_default_matrix_is_the_first_matrix_plus_the_covering_programs_the_pinne
         ids = [c.id for c in generate(device=device)]
         pins = PINNED + (PINNED_CUDA if device is Device.CUDA else ())
         pinned = {f"{p}-{device.value}" for p in pins} - {c.id for c in covering(device)}
-        found = {c.id for c in corpus.cases(device.value)}
-        assert len(ids) == first + len(covering(device)) + len(pinned) + len(found)
+        found = {c.id for c in corpus.cases(device.value)} - {c.id for c in structure_covering(device)}
+        assert len(ids) == first + len(covering(device)) + len(structure_covering(device)) + len(pinned) + len(found)
         assert pinned <= set(ids) and found <= set(ids)
 
 
@@ -73,11 +73,11 @@ def test_no_generated_case_is_invalid():
 
 
 def test_every_case_id_is_shell_safe():
-    """Named programs give shell-safe ids; a spec program's id (the corpus) also has parentheses,
-    '+', '@' and ':' (quoted in every command line the harness prints)."""
+    """Named programs give shell-safe ids; a spec program's id (the corpus, the structures) also
+    has parentheses, '+', '&', '@' and ':' (quoted in every command line the harness prints)."""
     named = [case for case in ALL_CASES if case.nesting is not None]
     assert named and [case.id for case in named if not ID_PATTERN.match(case.id)] == []
-    spec = re.compile(r"^[a-z0-9_.()+@:-]+$")
+    spec = re.compile(r"^[a-z0-9_.()+&@:-]+$")
     assert [case.id for case in ALL_CASES if not spec.match(case.id)] == []
 
 

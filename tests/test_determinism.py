@@ -8,6 +8,7 @@ import torch
 
 from harness.cases import generate
 from harness.impls import load
+from harness.programs import Program
 from harness.runner import run
 
 IMPLS = ("bundled", "torch", "neg-no-restore", "neg-live-handles")
@@ -15,7 +16,7 @@ IMPLS = ("bundled", "torch", "neg-no-restore", "neg-live-handles")
 # properties are about the runner, not about what a program draws).
 CASES = [c for c in generate(device="cpu", program="flat,nested,siblings")] + [
     c for c in generate(device="cpu", shape="small", passing="positional", layout="mixed", interleave="none")
-    if c.program.nesting.value == "flat" and c.program.dtype.value == "f32"]
+    if isinstance(c.program, Program) and c.program.nesting.value == "flat" and c.program.dtype.value == "f32"]
 
 
 def outcomes(order, disturb=False):

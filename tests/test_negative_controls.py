@@ -57,6 +57,18 @@ EXPECTED: dict[str, Expected] = {
     "neg-copied-alias": lambda case: ("error", frozenset()) if case.layout is Layout.SHARED else None,
     # Its bug needs three regions pending at once (deep, wide: tests/test_programs.py).
     "neg-two-slots": lambda case: None,
+    # Leaked ambient state (issue 29): masks, streams and gradients stay right, only the ambient
+    # oracle sees the state left changed (the default dtype also moves the CPU generator in the
+    # interleaved draws of the next iteration: live-stream joins in there).
+    "neg-leak-sdpa": lambda case: mismatch("ambient"),
+    "neg-leak-deterministic": lambda case: mismatch("ambient"),
+    "neg-leak-default-dtype": lambda case: mismatch("ambient"),
+    "neg-leak-autocast": lambda case: mismatch("ambient"),
+    "neg-leak-stream": lambda case: None,  # a CUDA stream: on the CPU it is `bundled`
+    # Their bugs need a structure the first matrix lacks (tests/test_programs.py): one tensor
+    # feeding two regions, a third iteration.
+    "neg-id-pool": lambda case: None,
+    "neg-stale-third-step": lambda case: None,
 }
 # Where each control's failure is exactly its own oracle (nothing else fires): with that oracle
 # switched off, the control would pass these cells, so they prove the oracle can fail.
@@ -65,15 +77,19 @@ ONLY_ORACLE: dict[str, tuple[str, Callable[[Case], bool]]] = {
     "neg-wrong-output": ("output", lambda case: case.nesting is Nesting.FLAT),
     "neg-replace-streams": ("identity", lambda case: case.layout is Layout.DEFAULT),
     "neg-extra-draw": ("live-stream", lambda case: case.layout in (Layout.TRACKED, Layout.SHARED)),
+    "neg-leak-sdpa": ("ambient", lambda case: True),
+    "neg-leak-deterministic": ("ambient", lambda case: True),
+    "neg-leak-autocast": ("ambient", lambda case: True),
+    "neg-leak-default-dtype": ("ambient", lambda case: case.interleave is Interleave.NONE),
 }
 EXPECTED_MISMATCH: dict[str, Callable[[Case], bool]] = {
     name: (lambda case, expect=expect: expect(case) is not None) for name, expect in EXPECTED.items()
 }
 # Controls whose bug cannot show on the eager CPU matrix; they must at least pass it cleanly.
-CAPTURE_ONLY = ("neg-host-values",)
+CAPTURE_ONLY = ("neg-host-values", "neg-leak-stream")  # and CUDA only: a leaked CUDA stream
 # Controls whose bug needs a program beyond the first matrix's (three regions pending at once);
 # tests/test_programs.py shows where they are caught.
-PROGRAM_ONLY = ("neg-two-slots",)
+PROGRAM_ONLY = ("neg-two-slots", "neg-id-pool", "neg-stale-third-step")
 TRACKER_BLIND = ("torch", "neg-ignore-tracker")  # save only the device default generators
 NEVER_REWOUND = ("neg-live-handles", "neg-no-rewind")  # recompute draws at a later offset
 

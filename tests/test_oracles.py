@@ -17,6 +17,7 @@ from harness.oracles import (
     ORACLES,
     Checks,
     RunRecord,
+    ambient_state,
     buffers,
     check,
     forward_masks,
@@ -28,7 +29,7 @@ from harness.oracles import (
     recompute_masks,
 )
 from harness.streams import StreamSnapshot, describe_state
-from harness.records import FORWARD, LOSS, RECOMPUTE, MaskLog
+from harness.records import CAPTURE, FORWARD, LOSS, RECOMPUTE, MaskLog
 
 SITES = ["s0", "s1"]
 OUTPUTS = ["r0", LOSS]
@@ -99,7 +100,14 @@ def make_record(checkpointed: bool) -> RunRecord:
             {"cpu": cpu.get_state(), TRACKER: philox_state(TRACKER_SEED, 16 * (it + 1))}, ALIASES,
         )
         record.objects[it] = {TRACKER: tracker_object}
+        record.ambient[it] = [(point, dict(AMBIENT)) for point in AMBIENT_POINTS]
     return record
+
+
+# The ambient state a run read at each point (a few pieces of `harness.ambient.snapshot`).
+AMBIENT = {"sdpa flash enabled": True, "sdpa math enabled": True, "default dtype": torch.float32,
+           "autocast cpu enabled": False}
+AMBIENT_POINTS = ("after r0 forward", "in backward, after r0's recompute", "after backward")
 
 
 def make_pair() -> tuple[RunRecord, RunRecord]:
@@ -144,6 +152,7 @@ SINGLE_ORACLES = {
     "fresh-randomness": lambda ref, ck, it, c: fresh_randomness(ref, ck, SITES, ITERATIONS, c) if it == 0 else None,
     "output": lambda ref, ck, it, c: outputs(ref, ck, OUTPUTS, it, c),
     "identity": lambda ref, ck, it, c: identity(ck, it, c),
+    "ambient": lambda ref, ck, it, c: ambient_state(ref, ck, c) if it == 0 else None,
 }
 
 
@@ -509,3 +518,48 @@ def test_identity_name_no_longer_resolves():
     ck.objects[0] = {}
     m = one(run_check(ref, ck), "identity", TRACKER, 0)
     assert m.detail == "the name no longer resolves"
+
+
+# ----------------------------------------------------------------------------------- ambient
+
+
+def test_ambient_a_leaked_flag_is_reported_where_it_first_differs_once_per_iteration():
+    ref, ck = make_pair()
+    for it in range(ITERATIONS):  # left changed from the recompute on, as a leak stays
+        for point, state in ck.ambient[it][1:]:
+            state["sdpa flash enabled"] = False
+    found = run_check(ref, ck)
+    assert [(m.oracle, m.subject, m.iteration) for m in found] == [
+        ("ambient", "in backward, after r0's recompute", 0), ("ambient", "in backward, after r0's recompute", 1)]
+    assert found[0].message() == ("ambient in backward, after r0's recompute iteration 0: "
+                                  "sdpa flash enabled: got False, expected True")
+
+
+def test_ambient_two_pieces_at_one_point_are_one_mismatch_naming_both():
+    ref, ck = make_pair()
+    ck.ambient[1][2][1].update({"default dtype": torch.float64, "autocast cpu enabled": True})
+    m = one(run_check(ref, ck), "ambient", "after backward", 1)
+    assert m.detail == ("default dtype: got torch.float64, expected torch.float32; "
+                        "autocast cpu enabled: got True, expected False")
+
+
+def test_ambient_a_point_only_one_run_reached_is_left_to_the_other_oracles():
+    # (a region input no gradient reached: the gradient oracle reports the missing gradient)
+    ref, ck = make_pair()
+    del ck.ambient[0][1]
+    assert run_check(ref, ck) == []
+
+
+def test_ambient_during_capture_is_compared_and_named_so():
+    ref, ck = make_pair()
+    ref.ambient[CAPTURE] = [("after backward", dict(AMBIENT))]
+    ck.ambient[CAPTURE] = [("after backward", {**AMBIENT, "sdpa math enabled": False})]
+    m = one(run_check(ref, ck), "ambient", "after backward (during capture)", 0)
+    assert "sdpa math enabled: got False, expected True" in m.detail
+
+
+def test_ambient_runs_that_read_nothing_pass():
+    ref, ck = make_pair()
+    ref.ambient.clear()
+    ck.ambient.clear()
+    assert run_check(ref, ck) == []

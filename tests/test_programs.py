@@ -8,11 +8,11 @@ import torch
 
 from harness import impls, ops, runner
 from harness.cases import (
-    CaseError, Device, Layout, Mode, case_pairs, covering, generate, parse_case_id,
+    STRUCTURE_ONLY, Capture, CaseError, Device, Layout, Mode, case_pairs, covering, generate, parse_case_id,
     required_pairs,
 )
 from harness.programs import (
-    FACTORS, Nesting, Op, Passing, Program, ProgramError, every_program, parse_program,
+    FACTORS, SDPA_OPS, Nesting, Op, Passing, Program, ProgramError, Region, every_program, parse_program,
 )
 from harness.runner import Outcome
 
@@ -76,7 +76,7 @@ def test_nodraw_programs_alternate_a_silent_site_with_a_dropout():
 def test_the_registry_has_one_entry_per_op_and_says_what_it_records():
     assert set(ops.REGISTRY) == set(Op)
     assert all(spec.records for spec in ops.REGISTRY.values())
-    assert [op for op, spec in ops.REGISTRY.items() if not spec.draws] == [Op.NODRAW, Op.DROPOUT_P0]
+    assert [op for op, spec in ops.REGISTRY.items() if not spec.draws] == [Op.NODRAW, Op.DROPOUT_P0, Op.SDPA_AUTO]
 
 
 @pytest.mark.parametrize("op", [op for op in Op if not ops.REGISTRY[op].cuda_only], ids=lambda op: op.value)
@@ -114,14 +114,62 @@ def test_rules_prune_what_cannot_be_run_anywhere():
 def test_the_default_matrix_covers_every_factor_value_with_every_layout_capture_and_mode(device):
     # What must be covered, found by brute force over the full matrix (not by required_pairs'
     # shortcut, which this also checks).
+    # Values only the structures bring in (STRUCTURE_ONLY) are left to their own covering (below).
     possible: set = set()
     for case in generate("full", device=device):
-        possible |= case_pairs(case)
+        possible |= {pair for pair in case_pairs(case) if pair[1] not in STRUCTURE_ONLY}
     assert required_pairs(device) == possible
     covered: set = set()
     for case in generate(device=device):
         covered |= case_pairs(case)
     assert possible - covered == set()
+
+
+IN_PLACE = {Op.DROPOUT_INPLACE, Op.BERNOULLI, Op.NORMAL, Op.UNIFORM, Op.EXPONENTIAL}
+
+
+def _items(items):
+    for item in items:
+        yield item
+        if hasattr(item, "items") and not callable(item.items):
+            yield from _items(item.items)
+
+
+def structure_kinds(program) -> set[str]:
+    """The structures (issue 29) a program has, read from its tree, not from its spelling."""
+    kinds = set()
+    if program.iterations >= 3:
+        kinds.add("three or more iterations")
+    for region in program.all_regions():
+        drawn = {site.op for site in region.sites() if ops.REGISTRY[site.op].draws}
+        if drawn & IN_PLACE and drawn - IN_PLACE - set(SDPA_OPS):
+            kinds.add("in-place and out-of-place RNG ops in one region")
+        if drawn & set(SDPA_OPS) and drawn - set(SDPA_OPS):
+            kinds.add("attention beside another RNG op in one region")
+    if any(site.op is Op.SDPA_AUTO for site in program.sites()):
+        kinds.add("attention that pins no backend")
+    if any(item.parallel for item in _items(program.items())):
+        kinds.add("one tensor feeding two items")
+    if Passing.TWICE in program.passings():
+        kinds.add("one tensor passed twice to a region")
+    if any(region.items and isinstance(region.items[0], Region) for region in program.all_regions()):
+        kinds.add("a region as its outer region's first item")
+    return kinds
+
+
+@pytest.mark.parametrize("device", list(Device), ids=lambda d: d.value)
+def test_every_structure_meets_every_layout_capture_and_mode_in_the_default_matrix(device):
+    # Bugs that need a third iteration, mixed ops, shared inputs or unpinned attention must be
+    # default-matrix cells (issue 29), in every layout, capture mode and checkpoint mode.
+    captures = [c for c in Capture if device is Device.CUDA or c is Capture.EAGER]
+    wanted = {(axis, value) for axis, values in (("layout", Layout), ("capture", captures), ("mode", Mode))
+              for value in values}
+    met: dict[str, set] = {}
+    for case in generate(device=device):
+        for kind in structure_kinds(case.program):
+            met.setdefault(kind, set()).update({("layout", case.layout), ("capture", case.capture), ("mode", case.mode)})
+    assert len(met) == 7, sorted(met)
+    assert {kind: wanted - seen for kind, seen in met.items() if wanted - seen} == {}
 
 
 def test_the_covering_set_is_the_same_on_every_run():
@@ -205,3 +253,27 @@ def test_two_snapshot_slots_are_caught_exactly_where_three_regions_are_pending()
             assert outcome == "mismatch" and {"recompute-mask", "gradient"} <= fired, (mode, nesting)
         else:
             assert outcome == "pass", (mode, nesting, fired)
+
+
+def test_reentrant_regions_that_regroup_a_fan_in_are_invalid_and_why():
+    # A reentrant checkpoint hands its input one summed gradient: beside other readers of that
+    # input, three or more terms are added in another grouping.  Forced to run anyway, every
+    # reentrant checkpoint (bundled's and torch's) differs there in gradient bits only, masks
+    # and streams equal: float rounding, which no bit-exact oracle can judge.
+    from harness.cases import Capture, Case, Interleave, invalid_reason
+    from harness.spec import parse_spec
+
+    program = parse_spec("(native_dropout&native_dropout)&native_dropout")
+    forced = Case(Mode.REENTRANT, Layout.DEFAULT, Capture.EAGER, program, Interleave.NONE, Device.CPU)
+    assert "float addition in another grouping" in invalid_reason(forced)
+    for impl in ("bundled", "torch"):
+        result = runner.run(forced, impls.load(impl))
+        assert {m.oracle for m in result.mismatches} == {"gradient"}, result.summary()
+    nonreentrant = Case(Mode.NONREENTRANT, Layout.DEFAULT, Capture.EAGER, program, Interleave.NONE, Device.CPU)
+    assert invalid_reason(nonreentrant) is None
+    assert runner.run(nonreentrant, impls.load("bundled")).outcome is Outcome.PASS
+    # two readers add the same either way; a twice region hands back one gradient per argument
+    for spec in ("(native_dropout&native_dropout)", "(native_dropout)&(native_dropout)&(native_dropout)",
+                 "twice(native_dropout)&native_dropout"):
+        assert invalid_reason(Case(Mode.REENTRANT, Layout.DEFAULT, Capture.EAGER, parse_spec(spec),
+                                   Interleave.NONE, Device.CPU)) is None, spec

@@ -124,3 +124,16 @@ def test_the_script_checks_the_reference_as_the_harness_does(tmp_path, impl, cas
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr  # a broken reference, not a reproduced mismatch
     assert line in proc.stdout
+
+
+@pytest.mark.parametrize("impl, case_id, status", [
+    # issue 29's structures: one tensor feeding two regions, passed twice, a third iteration
+    ("bundled", "nonreentrant-tracked-eager-(native_dropout)&(native_dropout)-draws-cpu", 0),
+    ("neg-id-pool", "reentrant-default-eager-(native_dropout)&(native_dropout)-none-cpu", 1),
+    ("bundled", "reentrant-shared-eager-twice(native_dropout+native_dropout)-draws-cpu", 0),
+    ("neg-stale-third-step", "nonreentrant-untracked-eager-x3:(native_dropout+(native_dropout))-none-cpu", 1),
+    ("bundled", "nonreentrant-default-eager-(native_dropout&native_dropout)+sdpa_auto-draws-cpu", 0),
+    ("neg-leak-sdpa", "nonreentrant-default-eager-(native_dropout+native_dropout)+sdpa_auto-none-cpu", 1),
+])
+def test_the_script_runs_shared_inputs_and_unpinned_attention_as_the_harness_does(tmp_path, impl, case_id, status):
+    test_the_standalone_script_agrees_with_the_harness(tmp_path, impl, case_id, status)

@@ -84,9 +84,9 @@ def test_a_named_programs_spec_runs_exactly_as_the_named_program(name, layout):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("(rand", "expected '+' or ')' at column 6"),
-    ("rand)", "expected '+' or the end at column 5"),
-    ("(rand,dropout)", "expected '+' or ')' at column 6"),
+    ("(rand", "expected '+', '&' or ')' at column 6"),
+    ("rand)", "expected '+', '&' or the end at column 5"),
+    ("(rand,dropout)", "expected '+', '&' or ')' at column 6"),
     ("x1:(rand)", "unknown header option 'x1'"),
     ("(foo)", "unknown op 'foo'"),
     ("(rand@q)", "unknown stream 'q'"),

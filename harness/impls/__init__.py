@@ -31,6 +31,13 @@ BUILTIN: dict[str, str] = {
     "neg-inert-fork": "harness.impls.negative:make_inert_fork",
     "neg-copied-alias": "harness.impls.negative:make_copied_alias",
     "neg-two-slots": "harness.impls.negative:make_two_slots",
+    "neg-leak-sdpa": "harness.impls.negative:make_leak_sdpa",
+    "neg-leak-deterministic": "harness.impls.negative:make_leak_deterministic",
+    "neg-leak-default-dtype": "harness.impls.negative:make_leak_default_dtype",
+    "neg-leak-autocast": "harness.impls.negative:make_leak_autocast",
+    "neg-leak-stream": "harness.impls.negative:make_leak_stream",
+    "neg-id-pool": "harness.impls.negative:make_id_pool",
+    "neg-stale-third-step": "harness.impls.negative:make_stale_third_step",
     # External implementations: they load whether or not the package is installed, and declare
     # every case unsupported (with the import error) when it does not import.
     "megatron": "harness.impls.megatron:make_megatron",

@@ -292,3 +292,185 @@ def make_inert_fork() -> Adapter:
 
 def make_copied_alias() -> Adapter:
     return _variant(CopiedAliasAdapter, "neg-copied-alias", "its tracker's add_alias makes a copy")
+
+
+# --- leaked ambient state (issue 29): each control's only bug is one piece it never puts back --------
+
+
+def _leak_sdpa(device: Any) -> None:
+    # As a checkpoint that sets the forward's attention backend for its recompute would: only the
+    # math backend left enabled, the caller's flags never put back.
+    for kind in ("flash", "mem_efficient", "cudnn"):
+        setter = getattr(torch.backends.cuda, f"enable_{kind}_sdp", None)
+        if setter is not None:
+            setter(False)
+
+
+def _leak_deterministic(device: Any) -> None:
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _leak_default_dtype(device: Any) -> None:
+    torch.set_default_dtype(torch.float64)
+
+
+def _leak_autocast(device: Any) -> None:
+    # As a checkpoint that enters the forward's autocast by hand and returns before leaving it.
+    torch.set_autocast_enabled(device.type, True)
+
+
+def _leak_stream(device: Any) -> None:
+    if device.type == "cuda":  # on the CPU there is no stream to leak: the control is `bundled` there
+        torch.cuda.set_stream(torch.cuda.Stream(device))
+
+
+# control -> (what it leaks, when: "backward" (as the region's backward starts: the leak outlives
+# backward, this being process-wide state) or "forward" (after the region: the rest of the forward
+# runs under it), the leak)
+LEAKS: dict[str, tuple[str, str, Any]] = {
+    "neg-leak-sdpa": ("the SDPA backend flags changed (only math enabled)", "backward", _leak_sdpa),
+    "neg-leak-deterministic": ("deterministic algorithms on (warn only)", "backward", _leak_deterministic),
+    "neg-leak-default-dtype": ("the default dtype set to float64", "backward", _leak_default_dtype),
+    "neg-leak-autocast": ("autocast enabled on the region's device", "forward", _leak_autocast),
+    "neg-leak-stream": ("a new CUDA stream current", "forward", _leak_stream),
+}
+
+
+class LeakAdapter(BundledAdapter):
+    """Bug: `bundled`, but its checkpoint leaves one piece of ambient state changed (`LEAKS`):
+    from the region's backward on, or after the region's forward.  The leak is set outside
+    bundled's own recompute context (which puts the caller's SDPA flags and autocast back after
+    the recompute), as a checkpoint that sets state for its recompute and never puts it back
+    would.  RNG streams, masks and, for most pieces, gradients stay right: only the ambient oracle
+    is sure to see it."""
+
+    leak = "neg-leak-sdpa"
+
+    def supports(self, case: Any) -> str | None:
+        # called once per case, before it runs: a stream switched during a capture would break the
+        # capture, so under capture neg-leak-stream is `bundled`
+        self.eager = case.capture.value == "eager"
+        return super().supports(case)
+
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        _, when, leak = LEAKS[self.leak]
+        out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
+        if self.leak == "neg-leak-stream" and not getattr(self, "eager", True):
+            return out
+        if when == "forward":
+            leak(out.device)
+        elif out.requires_grad:  # fires as the region's backward (its recompute) begins
+            out.register_hook(lambda grad: leak(out.device))
+        return out
+
+
+def _leaking(name: str) -> Adapter:
+    adapter = LeakAdapter()
+    adapter.name, adapter.leak = name, name
+    what, when, _ = LEAKS[name]
+    adapter.description = f"leaves {what} {'from a region backward on' if when == 'backward' else 'after each region'}"
+    return adapter
+
+
+def make_leak_sdpa() -> Adapter:
+    return _leaking("neg-leak-sdpa")
+
+
+def make_leak_deterministic() -> Adapter:
+    return _leaking("neg-leak-deterministic")
+
+
+def make_leak_default_dtype() -> Adapter:
+    return _leaking("neg-leak-default-dtype")
+
+
+def make_leak_autocast() -> Adapter:
+    return _leaking("neg-leak-autocast")
+
+
+def make_leak_stream() -> Adapter:
+    return _leaking("neg-leak-stream")
+
+
+# --- bugs the matrix could not see before issue 29: shared inputs, a third step ---------------------
+
+
+class IdPoolAdapter(BundledAdapter):
+    """Bug: keeps each region's RNG snapshot in a pool keyed by ``id()`` of its input tensor and
+    rewinds its recompute from there.  Two pending regions that receive one tensor (parallel
+    branches) share a key: the later region's snapshot replaces the earlier's, whose recompute
+    then redraws the later region's numbers.  (An inner region that is its outer region's first
+    item shares the outer's key too, but nothing draws between their entries: the same snapshot.)  Its snapshots are host values, so under capture, and for a region that receives no
+    tensor (a closure), it is `bundled`."""
+
+    def supports(self, case: Any) -> str | None:
+        # called once per case, before it runs: a fresh pool, and whether the bug can run here
+        self.pool: dict[int, StateValues] = {}
+        self.eager = case.capture.value == "eager"
+        return super().supports(case)
+
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not (tensors and getattr(self, "eager", True)):
+            return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
+        key = id(tensors[0])
+        self.pool[key] = StateValues.take(live_generators(tracker))
+        calls = [0]
+
+        def rewound_from_the_pool(*a: Any, **k: Any) -> Any:
+            calls[0] += 1
+            if calls[0] > 1:  # the recompute: rewind to the pool's snapshot for this input
+                self.pool[key].write_back()
+            return fn(*a, **k)
+
+        return super().checkpoint(rewound_from_the_pool, *args, reentrant=reentrant, tracker=tracker, **kwargs)
+
+
+class StaleThirdStepAdapter(BundledAdapter):
+    """Bug: one snapshot slot per region call of a training step, refreshed during the first two
+    steps only (as buffers filled while warming up and then assumed to be refilled by a graph
+    replay): from the third step on every recompute rewinds to the second step's state.  Every
+    two-iteration case passes.  Its snapshots are host values: under capture it is `bundled`."""
+
+    def supports(self, case: Any) -> str | None:
+        # called once per case, before it runs: every case starts at step 0 with no slots
+        self.step, self.ordinal, self.recomputed, self.recomputing = 0, 0, False, 0
+        self.slots: dict[int, StateValues] = {}
+        self.eager = case.capture.value == "eager"
+        return super().supports(case)
+
+    def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        slot = None
+        # inside a recompute (an inner region called again: no step of its own) or under capture,
+        # it is `bundled`; a region called in a forward takes the next slot of the step
+        if not self.recomputing and getattr(self, "eager", True):
+            if self.recomputed:  # a forward after a backward: the next step
+                self.step, self.ordinal, self.recomputed = self.step + 1, 0, False
+            slot, self.ordinal = self.ordinal, self.ordinal + 1
+            if self.step < 2:
+                self.slots[slot] = StateValues.take(live_generators(tracker))
+        calls = [0]
+
+        def rewound_from_the_slot(*a: Any, **k: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 1:
+                return fn(*a, **k)
+            self.recomputed = True
+            if slot is not None:
+                self.slots[slot].write_back()
+            self.recomputing += 1  # the regions it calls again are part of this recompute
+            try:
+                return fn(*a, **k)
+            finally:
+                self.recomputing -= 1
+
+        return super().checkpoint(rewound_from_the_slot, *args, reentrant=reentrant, tracker=tracker, **kwargs)
+
+
+def make_id_pool() -> Adapter:
+    return _variant(IdPoolAdapter, "neg-id-pool", "keys its RNG snapshots by id() of the region's input")
+
+
+def make_stale_third_step() -> Adapter:
+    return _variant(StaleThirdStepAdapter, "neg-stale-third-step",
+                    "refreshes its per-step snapshot slots in the first two steps only")
