@@ -322,3 +322,10 @@ def test_junit_properties_reach_junitxml_through_user_properties(tmp_path, monke
     props = {p.get("name"): p.get("value") for p in ET.parse(xml).iter("property")}
     assert props["harness.case_id"] == "reentrant-default-eager-flat-none-cpu"
     assert props["harness.verdict"] == "fail" and props["harness.mismatch.0"].startswith("recompute-mask s0")
+
+
+def test_the_layout_legend_names_spec_programs_which_have_no_nesting():
+    # a structure program (a spec) has no nesting: the legend says "spec", not an empty name
+    records = [rec(), rec(case_id="reentrant-default-eager-(native_dropout)&(native_dropout)-none-cpu")]
+    text = report.summary_markdown(records, ENV_A)
+    assert "over nesting (flat, spec) and interleave" in text
