@@ -1,6 +1,6 @@
 """The case matrix: every valid case for every implementation named by --impl.
 
-Ids read ``<impl>-<mode>-<layout>-<capture>-<nesting>-<interleave>-<device>``, so
+Ids read ``<impl>-<mode>-<layout>-<capture>-<program>-<interleave>-<device>``, so
 ``pytest cases -k "torch and tracked and eager"`` selects what it says.
 """
 

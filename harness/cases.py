@@ -607,8 +607,3 @@ def parse_case_id(case_id: str) -> Case:
         raise CaseError(f"invalid case {case_id!r}: {reason}")
     return case
 
-
-def filters_from_mapping(mapping: Mapping[str, object]) -> dict[str, object]:
-    """Keep only the entries of `mapping` that name an axis or ``program`` and are set (for
-    CLI/pytest options)."""
-    return {axis: mapping[axis] for axis in [*AXES, "program"] if mapping.get(axis)}

@@ -1,4 +1,4 @@
-"""Region programs: what a case runs, as data (DESIGN section 3).
+"""Region programs: what a case runs, as data (the default matrix: README, opening section).
 
 A program is a tree of checkpointed regions and sites.  It is named by five factors:
 

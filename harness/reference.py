@@ -1,4 +1,4 @@
-"""The reference run is checked before it is trusted (DESIGN section 4).
+"""The reference run is checked before it is trusted (README, the paragraph after the oracles).
 
 Every oracle compares the checkpointed run with the reference, so a reference that did not do what
 the case says makes every comparison vacuous: a tracker whose ``fork()`` does nothing lets a

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from . import ops
-from .cases import Case, Interleave, Layout, Passing, layout_stream
+from .cases import Case, Interleave, Layout, Passing
 from .checkpoint.generators import default_generator
 from .programs import TORCH_DTYPES, Dtype, Item, Region, Site
 from .records import LOSS
@@ -55,20 +55,10 @@ Point = Callable[[str], None]  # the run reached a point where its ambient state
 STREAM_NAMES = {"d": None, "t": TRACKED_STREAM, "a": SHARED_STREAMS[0], "b": SHARED_STREAMS[1]}
 
 
-def site_stream(layout: Layout, index: int) -> str | None:
-    """The tracker stream site number `index` draws from in `layout` (None: the default generator)."""
-    return STREAM_NAMES[layout_stream(layout, index)]
-
-
 def case_streams(case: Case) -> dict[str, str | None]:
     """Site name -> the tracker stream it draws from in `case` (None: the default generator):
     the site's own stream where its program names one, else its layout's."""
     return {name: STREAM_NAMES[code] for name, code in case.streams().items()}
-
-
-def plan(case: Case) -> tuple[Region, ...]:
-    """The top-level regions of `case`'s program (sites s0, s1, ..., regions r0, r1, ...)."""
-    return case.program.regions()
 
 
 def seed_all() -> None:

@@ -17,7 +17,6 @@ from harness.cases import (
     Layout,
     Mode,
     Nesting,
-    filters_from_mapping,
     generate,
     PINNED, PINNED_CUDA,
     covering, structure_covering,
@@ -147,10 +146,6 @@ def test_filters_combine_with_the_rule_table():
     # single capture exists only on cuda, so asking for it on cpu gives nothing
     assert list(generate(device="cpu", capture="single")) == []
 
-
-def test_filters_from_mapping_keeps_only_set_axes():
-    mapping = {"layout": "tracked", "mode": None, "device": "", "impl": "bundled"}
-    assert filters_from_mapping(mapping) == {"layout": "tracked"}
 
 
 # --- errors -------------------------------------------------------------------------------------

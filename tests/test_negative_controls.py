@@ -17,7 +17,7 @@ import pytest
 from harness import cases, impls, runner
 from harness.cases import Case, Interleave, Layout, Nesting
 from harness.runner import CaseResult, Outcome
-from harness.workload import plan, site_stream
+from harness.workload import case_streams
 
 CPU_CASES = tuple(cases.generate(device="cpu", program="flat,nested,siblings"))
 
@@ -117,7 +117,9 @@ def site_name(subject: str) -> str:
 
 
 def site_streams(case: Case) -> dict[str, str | None]:
-    return {site.name: site_stream(case.layout, site.index) for region in plan(case) for site in region.sites()}
+    """Each checkpointed site's stream (None: the default generator)."""
+    streams = case_streams(case)
+    return {site.name: streams[site.name] for site in case.program.checkpointed_sites()}
 
 
 def recompute_mismatch_sites(result: CaseResult) -> set[str]:

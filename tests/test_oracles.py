@@ -1,4 +1,4 @@
-"""Every oracle of DESIGN section 4 can fail: synthetic run records, no checkpoint, no runner.
+"""Every oracle (`harness.oracles`) can fail: synthetic run records, no checkpoint, no runner.
 
 `make_pair` builds a reference and a checkpointed `RunRecord` by hand (sites s0 and s1, outputs
 r0 and loss, two iterations) that pass every oracle.  Each test breaks one thing in that pair and

@@ -1,4 +1,4 @@
-"""The reference run is checked before it is trusted (DESIGN section 4), on synthetic records.
+"""The reference run is checked before it is trusted (`harness.reference`), on synthetic records.
 
 `check_reference` passes a reference that drew the way its case says, and raises a
 `ReferenceCheckError` naming the impl when a tracked site did not switch streams (or also moved

@@ -137,3 +137,40 @@ def test_the_script_checks_the_reference_as_the_harness_does(tmp_path, impl, cas
 ])
 def test_the_script_runs_shared_inputs_and_unpinned_attention_as_the_harness_does(tmp_path, impl, case_id, status):
     test_the_standalone_script_agrees_with_the_harness(tmp_path, impl, case_id, status)
+
+
+def _template_namespace() -> dict:
+    """The standalone script's template as a module (its main() only runs as __main__)."""
+    source = (Path(__file__).parents[1] / "harness" / "repro_template.py").read_text()
+    namespace: dict = {"__name__": "repro_template"}
+    exec(compile(source, "repro_template.py", "exec"), namespace)  # noqa: S102 - our own file
+    return namespace
+
+
+def test_the_scripts_op_table_is_the_registry_op_for_op():
+    # The script carries its own copy of every op (it needs nothing but torch): each must draw and
+    # pass on exactly what the harness's registry entry does, or a script would reproduce another case.
+    import torch
+
+    from harness import ops
+    from harness.compare import int_view
+    from harness.programs import NO_DRAW_OPS, SDPA_OPS, Op
+
+    template = _template_namespace()
+    assert template["P"] == ops.DROPOUT_P
+    assert set(template["OPS"]) | {op.value for op in SDPA_OPS} == {op.value for op in Op}
+    assert set(template["DRAW_NOTHING"]) == {op.value for op in NO_DRAW_OPS} == {
+        op.value for op, spec in ops.REGISTRY.items() if not spec.draws}
+    compared = []
+    for op, spec in ops.REGISTRY.items():
+        if spec.cuda_only:
+            continue  # the attention kernels without a CPU version: the GPU runs of the scripts cover them
+        h = torch.randn(64, 64, generator=torch.Generator().manual_seed(7))
+        torch.manual_seed(1234)
+        expected = spec.apply(h.clone(), True)
+        torch.manual_seed(1234)
+        got = (template["OPS"][op.value] if op.value in template["OPS"] else template["attention"](op.value, True))(h.clone())
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype and g.shape == e.shape and torch.equal(int_view(g), int_view(e)), op
+        compared.append(op)
+    assert len(compared) >= len(ops.REGISTRY) - len(SDPA_OPS)

@@ -16,7 +16,6 @@ from .context import ForwardContext
 from .rng import CAPTURE_STRATEGIES, RNGPolicy, ValuePolicy, _capturing
 from .stash import RNGStash
 
-VALUE_POLICY = ValuePolicy()
 _POLICIES = {name: ValuePolicy() for name in CAPTURE_STRATEGIES}
 for _name, _policy in _POLICIES.items():
     _policy.capture_strategy = _name

@@ -1,4 +1,5 @@
-"""The adapter interface every implementation under test provides (DESIGN section 6)."""
+"""The adapter interface every implementation under test provides (README: "Pointing the harness
+at another implementation")."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from ..checkpoint import RNGStatesTracker
 class Adapter:
     """A checkpoint function plus its tracker, as the runner sees them.
 
-    Subclasses set `name` and override `checkpoint`; `make_tracker`, `supports` and `unavailable`
-    have defaults.  The runner never knows which implementation it runs, and adapters never know
-    about pytest.
+    Subclasses set `name` and override `checkpoint`; everything else has a default here:
+    `description`, `version`, `must_support_all`, `compiled`, `make_tracker`, `supports`, `limit`
+    and `unavailable`.  The runner reads them with ``getattr`` and these defaults, so an adapter
+    written without this base class (a plain object with `name` and `checkpoint`) runs too.
+    Adapters never know about pytest.
     """
 
     name: str = "unnamed"
@@ -21,6 +24,9 @@ class Adapter:
     #: True for impls that must run every valid case of their device (bundled, torch): an
     #: unsupported cell is then a failure, not a declaration.
     must_support_all: bool = False
+    #: True for impls that give the runner ``compile(fn)`` and run the whole program under
+    #: torch.compile (`harness.compiled`, `harness.impls.compiled`) instead of `checkpoint` calls.
+    compiled: bool = False
 
     @property
     def version(self) -> str | None:
