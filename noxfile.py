@@ -47,7 +47,8 @@ def cpu(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """The harness's own tests plus the CPU matrix, as CI runs them."""
+    """Lint, then the harness's own tests plus the CPU matrix, as CI runs them."""
+    session.run(PYTHON, "-m", "ruff", "check", ".")
     session.run(PYTHON, "-m", "pytest", "-n", "2", *session.posargs)
 
 

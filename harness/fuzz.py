@@ -111,6 +111,15 @@ def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, lay
     return joined(items)
 
 
+# Hypothesis's health checks that would stop a fuzz run for what the fuzzer is: one example runs a
+# whole checkpointed program twice (too_slow: seconds on the CPU); invalid combinations are
+# rejected by `assume` after drawing (filter_too_much: most draws of the mixed layout with one
+# site are invalid); nested regions draw much data (data_too_large, large_base_example).  The
+# others (nested @given, fixtures, executors) would point at a fault of this module: left on.
+FUZZ_HEALTH_CHECKS = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
+                      HealthCheck.large_base_example]
+
+
 @st.composite
 def case_strategy(draw: Any, device: Device, captures: Sequence[Capture] | None = None) -> Case:
     """A valid case on `device` with a random spec program (the module docstring says what varies);
@@ -300,7 +309,7 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         n = examples - result.generated if examples is not None else BATCH
         options = settings(
             max_examples=n, deadline=None, database=db, derandomize=False, report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False,
+            suppress_health_check=FUZZ_HEALTH_CHECKS, verbosity=Verbosity.quiet, print_blob=False,
             phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
         )
         test = seed(seed_value + batch)(options(given(case_strategy(device, captures))(check)))
