@@ -24,14 +24,13 @@ from . import impls, isolation, shards
 from . import report as reporting
 from . import repro_script, stops, timeline
 from .report import cli as report_cli
-from .cases import AXES, MATRICES, Capture, CaseError, Case, Device, generate, parse_case_id, parse_value
+from .cases import AXES, MATRICES, Capture, Case, Device, generate, parse_case_id, parse_value
 from .execution import (
     REQUIRE_CUDA_ENV, UsageError, adapter_version, check_selection, cuda_visible, load_targets,
     proved_nothing, resolve_devices, run_case,
 )
 from .report.env import environment
 from .report.live import LiveResults
-from .report.cli import UsageFailure  # one class for every subcommand's bad input
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -233,19 +232,19 @@ def _list_impls() -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     require_cuda = args.require_cuda or os.environ.get(REQUIRE_CUDA_ENV, "") not in ("", "0")
     if require_cuda and not cuda_visible():
-        raise UsageFailure("--require-cuda: no CUDA device is visible (torch.cuda.is_available() is False): "
+        raise UsageError("--require-cuda: no CUDA device is visible (torch.cuda.is_available() is False): "
                            "refusing to run the CPU subset instead")
     cases = _selected_cases(args)
     targets = load_targets(args.impl, allow_unsupported=args.allow_unsupported)
     entries = expectations_mod.load(args.expectations)
     shard = shards.parse_shard(args.shard) if args.shard else None
     if not math.isfinite(args.case_timeout) or args.case_timeout <= 0:
-        raise UsageFailure(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
+        raise UsageError(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
     report_dir = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
     reporting.check_report_dir(report_dir)
     work = [(t, c) for t in targets for c in cases if shards.in_shard(t.name, c.id, shard)]
     if not work:
-        raise UsageFailure("no case to run: the filters and --shard select nothing")
+        raise UsageError("no case to run: the filters and --shard select nothing")
     if not args.case and args.device.strip().lower() == "auto":
         print(_device_line(cases), flush=True)
     worker = isolation.CaseWorker(args.case_timeout) if args.isolate else None
@@ -388,9 +387,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     [device] = resolve_devices(args.device)[:1]
     entries = expectations_mod.load(args.expectations)
     if args.examples is not None and args.examples < 1:
-        raise UsageFailure(f"--examples must be at least 1, got {args.examples}")
+        raise UsageError(f"--examples must be at least 1, got {args.examples}")
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
-        raise UsageFailure(f"--budget must be a positive number of seconds, got {args.budget:g}")
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     budget = 60.0 if args.examples is None and args.budget is None else args.budget
     if args.corpus and args.save:
         reporting.check_output_file(args.corpus, "--corpus")
@@ -551,7 +550,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     [device] = resolve_devices(args.device)[:1]
     total = args.cases if args.cases is not None else (1000 if device == "cuda" else len(list(generate(device=device))))
     if total < 1:
-        raise UsageFailure(f"--cases must be at least 1, got {total}")
+        raise UsageError(f"--cases must be at least 1, got {total}")
     reporting.check_output_file(args.json, "--json")
     figures = bench.bench(target, device, total, matrix_wall=args.cases is None)
     print(bench.render(figures))
@@ -572,19 +571,19 @@ def cmd_module(args: argparse.Namespace) -> int:
     captures = [parse_value("capture", v.strip()) for v in args.capture.split(",") if v.strip()]
     modes = [parse_value("mode", v.strip()) for v in args.mode.split(",") if v.strip()]
     if not captures or not modes:
-        raise UsageFailure("--capture and --mode need at least one value each")
+        raise UsageError("--capture and --mode need at least one value each")
     graphs = [c.value for c in captures if c is not Capture.EAGER]
     if graphs and device != "cuda":
-        raise UsageFailure(f"--capture {','.join(graphs)} needs --device cuda")
+        raise UsageError(f"--capture {','.join(graphs)} needs --device cuda")
     if args.iterations < 2:
-        raise UsageFailure(f"--iterations must be at least 2 (the second shows what a leaked draw does next), "
+        raise UsageError(f"--iterations must be at least 2 (the second shows what a leaked draw does next), "
                            f"got {args.iterations}")
     if args.report_dir:
         reporting.check_report_dir(args.report_dir)
     if args.script:
         reporting.check_output_file(args.script, "--script")
     if args.wrap and all(t.name == module_mode.AS_BUILT for t in targets):
-        raise UsageFailure(f"--wrap selects what an impl checkpoints; --impl {module_mode.AS_BUILT} checkpoints what "
+        raise UsageError(f"--wrap selects what an impl checkpoints; --impl {module_mode.AS_BUILT} checkpoints what "
                            "the model itself does (name another impl beside it for --wrap to apply)")
     runs = [(factory, target, capture, mode) for factory in args.factory for target in targets
             for capture in captures for mode in (modes[:1] if target.name == module_mode.AS_BUILT else modes)]
@@ -595,7 +594,7 @@ def cmd_module(args: argparse.Namespace) -> int:
             result = module_mode.run_module(factory, target.adapter, device, capture, mode, wrap,
                                             args.iterations, name=target.name)
         except module_mode.ModuleError as exc:
-            raise UsageFailure(str(exc)) from None
+            raise UsageError(str(exc)) from None
         print(("\n" if number else "") + module_report.summary(factory, target.name, device, capture, mode, result),
               flush=True)
         version = None if target.name == module_mode.AS_BUILT else adapter_version(target.adapter)
@@ -646,7 +645,7 @@ def cmd_expectations(args: argparse.Namespace) -> int:
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
     bad = [d for d in devices if d not in ("cpu", "cuda")]
     if bad:
-        raise UsageFailure(f"unknown device {bad[0]!r}; valid values: cpu, cuda")
+        raise UsageError(f"unknown device {bad[0]!r}; valid values: cpu, cuda")
     lines = expectations_mod.conflicts(entries, [c for d in devices for c in generate(device=d)])
     print("\n".join(lines) if lines else "no conflicts")
     return 1 if lines else 0
@@ -666,8 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         sys.stderr.close()
         return 0
-    except (UsageFailure, UsageError, CaseError, impls.ImplError, shards.ShardError,
-            expectations_mod.ExpectationError, reporting.ReportError) as exc:
+    except UsageError as exc:  # every bad-input error of the harness (harness.errors)
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
 
 from . import ops
+from .errors import UsageError
 from .programs import (
     CLASSIC, FACTORS, SDPA_OPS, SHAPES, TREES, Dtype, Nesting, Op, Passing, Program, ProgramError, Region, Shape, Tree, every_program,
     parse_enum, parse_program, reading_groups,
@@ -32,7 +33,7 @@ __all__ = ["AXES", "Case", "CaseError", "Capture", "Device", "Dtype", "Interleav
            "Mode", "Nesting", "Op", "Passing", "Program", "Shape", "generate", "parse_case_id"]
 
 
-class CaseError(ValueError):
+class CaseError(UsageError):
     """A bad axis value, filter or case id; the message is one line meant for the user."""
 
 

@@ -21,8 +21,8 @@ from typing import Any, Iterable, Sequence
 from . import expectations as expectations_mod
 from . import impls
 from .cases import Case, Capture, Device
+from .errors import UsageError
 from .runner import CaseResult, run
-
 from .stops import INTERRUPTED  # exit status after Ctrl-C
 
 # Set (to anything but 0) by a GPU CI job: no CUDA device visible is then bad input (exit 2), never
@@ -36,8 +36,6 @@ __all__ = [
 ]
 
 
-class UsageError(ValueError):
-    """Bad input for a run (an impl that cannot load, a device that is not there); one line."""
 
 
 @dataclass(frozen=True)

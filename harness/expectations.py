@@ -54,6 +54,7 @@ from typing import Any, Iterable, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from .case_facts import FACT_KEYS, check_facts, missed
+from .errors import UsageError
 from packaging.version import InvalidVersion, Version
 
 if sys.version_info >= (3, 11):
@@ -70,7 +71,7 @@ ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracle
               "unless", *FACT_KEYS}
 
 
-class ExpectationError(ValueError):
+class ExpectationError(UsageError):
     """A malformed expectations file; the message is one line for the user."""
 
 

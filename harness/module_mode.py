@@ -80,12 +80,13 @@ from .module_report import AS_BUILT
 from .oracles import check
 from .programs import Op, ProgramError, parse_program
 from .records import FORWARD, LOSS, RECOMPUTE, MaskLog, RunRecord
+from .errors import UsageError
 from .runner import NotReproducible, TrackedRun, declared_unsupported, reproduction_difference
 from .streams import preserved_global_rng, stream_objects
 from .workload import make_tracker_streams, seed_all
 
 
-class ModuleError(ValueError):
+class ModuleError(UsageError):
     """Bad input to module mode (a factory that does not import, raises or returns the wrong
     thing; a --wrap pattern that matches nothing); the message is one line for the user."""
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from . import expectations as expectations_mod
-from . import corpus, gpus, impls, isolation, shards, stops
+from . import corpus, gpus, isolation, shards, stops
 from . import report as reporting
 from .report.live import LiveResults
 from .cases import AXES, ID_PARTS, MATRICES, CaseError, Case, generate, parse_case_id, parse_programs
@@ -102,8 +102,7 @@ def pytest_configure(config: pytest.Config) -> None:
         timeout = config.getoption("case_timeout")
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
             raise CaseError(f"--case-timeout must be a positive number of seconds, got {timeout:g}")
-    except (impls.ImplError, UsageError, CaseError, expectations_mod.ExpectationError, shards.ShardError,
-            reporting.ReportError) as exc:
+    except UsageError as exc:  # every bad-input error of the harness (harness.errors)
         pytest.exit(f"error: {exc}", returncode=2)
     config._harness_expectations = entries  # type: ignore[attr-defined]
     collector = ReportCollector(config)

@@ -33,6 +33,7 @@ import functools
 import itertools
 from dataclasses import dataclass
 from typing import Iterator, Union
+from .errors import UsageError
 
 
 class Op(enum.Enum):
@@ -122,7 +123,7 @@ TREES = {
 }
 
 
-class ProgramError(ValueError):
+class ProgramError(UsageError):
     """A bad program name or factor value; the message is one line meant for the user."""
 
 

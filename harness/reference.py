@@ -23,10 +23,11 @@ from typing import Collection, Mapping
 import torch
 
 from .compare import int_view
+from .errors import HarnessError
 from .records import FORWARD, RunRecord
 
 
-class ReferenceCheckError(RuntimeError):
+class ReferenceCheckError(HarnessError, RuntimeError):
     """The reference run did not draw the way its case says; one line naming the adapter."""
 
 

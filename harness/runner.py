@@ -17,6 +17,7 @@ from .cases import Case, Device, Interleave, Layout, Mode, parse_case_id
 from .compare import Mismatch
 from .oracles import check
 from .records import FORWARD, RECOMPUTE, WARMUP, MaskLog, RunRecord
+from .errors import HarnessError
 from .reference import check_reference
 from .streams import preserved_global_rng, snapshot_streams, stream_objects
 from .workload import CheckpointFn, Tensors, Workload, alias_problem, make_tracker_streams, seed_all
@@ -121,15 +122,15 @@ class _Clock:
         self.last = now
 
 
-class NotReproducible(Exception):
+class NotReproducible(HarnessError):
     """Two identical reference runs differ: no oracle can judge the case on this machine."""
 
 
-class NoTracker(Exception):
+class NoTracker(HarnessError):
     """The impl has no tracker, and the case's layout needs one: the case is unsupported."""
 
 
-class AdapterFault(RuntimeError):
+class AdapterFault(HarnessError, RuntimeError):
     """An adapter broke its contract (returned the wrong thing, raised in `supports`); one line
     naming the adapter and what it did."""
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from .errors import UsageError
 
 
-class ShardError(ValueError):
+class ShardError(UsageError):
     """A malformed --shard value; the message is one line for the user."""
 
 

@@ -11,6 +11,7 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Callable
 
+from ..errors import UsageError
 from .base import Adapter
 
 ENTRY_POINT_GROUP = "harness.implementations"
@@ -59,7 +60,7 @@ BUILTIN: dict[str, str] = {
 NEGATIVE_CONTROLS = tuple(name for name in BUILTIN if name.startswith("neg-"))
 
 
-class ImplError(ValueError):
+class ImplError(UsageError):
     """An implementation that cannot be found or built; the message is one line for the user."""
 
 

@@ -29,6 +29,7 @@ from ..expectations import Expectation
 from . import html as html_view
 from . import markdown as markdown_view
 from .env import env_key, environment
+from ..errors import UsageError
 from .frame import (
     FAILED_OUTCOMES,
     OUTCOMES,
@@ -60,7 +61,7 @@ STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub refuses a step summary over 1 MiB
 REPORT_FILES = ("summary.md", "report.html", "cases.csv", "mismatches.csv", "results.jsonl")
 
 
-class ReportError(OSError):
+class ReportError(UsageError, OSError):
     """The report directory is unusable, or there is nothing to report; one line for the user."""
 
 

@@ -7,7 +7,7 @@ case keeps the environment it ran in.
 on a new failure or a regression (a case that passed in BASE and is unsupported or skipped in NEW).
 
 Bad input (a missing directory, a corrupt or truncated results.jsonl line, a record that breaks the
-record contract, an empty report, an unwritable output) is a `UsageFailure`: one line, exit status
+record contract, an empty report, an unwritable output) is a `UsageError`: one line, exit status
 2, and nothing already written is touched.
 """
 
@@ -19,15 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import UsageError
 from . import ReportError, env_key, write
 from . import merge as report_merge
 from .frame import OUTCOMES, VERDICTS
 
 REQUIRED_KEYS = ("impl", "case_id", "outcome")
-
-
-class UsageFailure(Exception):
-    """Bad input: printed as one line by the command line, exit status 2."""
 
 
 def results_path(location: "str | Path") -> Path:
@@ -41,19 +38,19 @@ def read_results(directory: "str | Path", *, partial: bool = False) -> list[dict
 
     A missing or unreadable file, a line that is not a JSON object (corrupt, or truncated by a job
     that died mid-write) or a record that breaks the record contract (`record_problem`) is a
-    UsageFailure naming file:line.  Blank lines are skipped.  With `partial` (a run killed while
+    UsageError naming file:line.  Blank lines are skipped.  With `partial` (a run killed while
     appending, read to rebuild its report) a truncated last line is left out with a note on stderr
     instead: every record before it was flushed whole.
     """
     source = results_path(directory)
     if not source.is_file():
         where = source.parent if source.name == "results.jsonl" else source
-        raise UsageFailure(f"no results.jsonl in {where}" if source.name == "results.jsonl"
+        raise UsageError(f"no results.jsonl in {where}" if source.name == "results.jsonl"
                            else f"no such results file: {where}")
     try:
         raw = source.read_bytes()
     except OSError as exc:
-        raise UsageFailure(f"cannot read {source}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
     records = []
     lines = raw.split(b"\n")
     for number, line in enumerate(lines, start=1):
@@ -63,19 +60,19 @@ def read_results(directory: "str | Path", *, partial: bool = False) -> list[dict
         try:
             record = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError:
-            raise UsageFailure(f"{source}:{number}: not UTF-8 text") from None
+            raise UsageError(f"{source}:{number}: not UTF-8 text") from None
         except json.JSONDecodeError as exc:
             if truncated and partial:
                 print(f"{source}:{number}: truncated last record left out (the run was killed while "
                       "writing it)", file=sys.stderr)
                 break
             what = "truncated record (the file ends mid-line)" if truncated else "not a JSON record"
-            raise UsageFailure(f"{source}:{number}: {what} ({exc.msg} at column {exc.colno})") from None
+            raise UsageError(f"{source}:{number}: {what} ({exc.msg} at column {exc.colno})") from None
         if not isinstance(record, dict):
-            raise UsageFailure(f"{source}:{number}: not a JSON object")
+            raise UsageError(f"{source}:{number}: not a JSON object")
         problem = record_problem(record)
         if problem:
-            raise UsageFailure(f"{source}:{number}: {problem}")
+            raise UsageError(f"{source}:{number}: {problem}")
         records.append(record)
     return records
 
@@ -116,10 +113,10 @@ def _json_type(value: Any) -> str:
 
 
 def read_nonempty(location: "str | Path", *, partial: bool = False) -> list[dict[str, Any]]:
-    """`read_results`, where a report without a single result is a UsageFailure too."""
+    """`read_results`, where a report without a single result is a UsageError too."""
     records = read_results(location, partial=partial)
     if not records:
-        raise UsageFailure(f"{results_path(location)} holds no results")
+        raise UsageError(f"{results_path(location)} holds no results")
     return records
 
 
@@ -127,7 +124,7 @@ def _write(records: list[dict[str, Any]], target: "str | Path") -> Path:
     try:
         return write(records, target, env=dict(report_merge.UNKNOWN_ENV))
     except ReportError as exc:
-        raise UsageFailure(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -142,10 +139,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
     out = Path(args.out)
     inputs = [Path(d) for d in args.dirs]
     if out.exists() and not out.is_dir():
-        raise UsageFailure(f"--out {out} is not a directory")
+        raise UsageError(f"--out {out} is not a directory")
     in_inputs = any(results_path(d).resolve() == (out / "results.jsonl").resolve() for d in inputs)
     if (out / "results.jsonl").exists() and not in_inputs:
-        raise UsageFailure(f"--out {out} already holds a report; pass it as an input to merge into it, "
+        raise UsageError(f"--out {out} already holds a report; pass it as an input to merge into it, "
                            "or choose another directory")
     sources = [(str(d), read_nonempty(d)) for d in inputs]
     records, notes = report_merge.merge(sources)
