@@ -148,14 +148,15 @@ def snapshot(roles: StreamRoles, in_backward: bool = False) -> dict[str, Any]:
     return state
 
 
-def differences(got: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """'name: got X, expected Y' for every piece that differs (a piece one side lacks counts)."""
+def differences(got: dict[str, Any], expected: dict[str, Any]) -> dict[str, str]:
+    """Piece name -> 'name: got X, expected Y' for every piece that differs (a piece one side
+    lacks counts), in the expected state's order."""
     missing = object()
-    lines = []
+    lines = {}
     for name in dict.fromkeys([*expected, *got]):
         a, b = got.get(name, missing), expected.get(name, missing)
         if a != b:
-            lines.append(f"{name}: got {_shown(a, missing)}, expected {_shown(b, missing)}")
+            lines[name] = f"{name}: got {_shown(a, missing)}, expected {_shown(b, missing)}"
     return lines
 
 

@@ -164,7 +164,7 @@ def facts_of(case: Case) -> CaseFacts:
         "op_before_draw": frozenset(before_draw),
     }
     flags = {
-        "after_region": any(_after_region(items) for items in [top, *(r.items for r in program.all_regions())]),
+        "after_region": any(_after_region(items) for items in program.item_lists()),
         "nested": any(depth >= 2 for _, depth in inside) or any(
             isinstance(inner, Region) for region in program.all_regions() for inner in region.items),
         "tracked_in_region": any(streams[site.name] in TRACKER_STREAMS for site in drawing_inside),
@@ -175,10 +175,10 @@ def facts_of(case: Case) -> CaseFacts:
         "drawn_again_in_region": again,
         "tracked_after_draw": tracked_after,
         "shared_input": Passing.TWICE in program.passings() or any(
-            item.parallel for items in [top, *(r.items for r in program.all_regions())] for item in items),
+            item.parallel for items in program.item_lists() for item in items),
         "shared_input_regions": any(
             sum(isinstance(item, Region) for item in group) >= 2
-            for items in [top, *(r.items for r in program.all_regions())] for group in reading_groups(items)),
+            for items in program.item_lists() for group in reading_groups(items)),
     }
     # Regions pending at once: the nesting depth, or siblings at the top (each sibling's recompute
     # waits for backward), whichever is more.

@@ -228,8 +228,7 @@ def _fan_in_reason(c: Case) -> str | None:
     makes it too), and no bit-exact oracle could judge the case."""
     if c.mode is not Mode.REENTRANT:
         return None
-    every = [c.program.items(), *(region.items for region in c.program.all_regions())]
-    for group in (g for items in every for g in reading_groups(items)):
+    for group in (g for items in c.program.item_lists() for g in reading_groups(items)):
         total = sum(_readers(item) for item in group)
         # (a twice region hands back one gradient per argument, as the run without checkpoint has)
         split = [item for item in group if isinstance(item, Region) and item.passing is not Passing.TWICE

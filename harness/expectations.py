@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from .case_facts import FACT_KEYS, check_facts, missed
 from .errors import UsageError
-from packaging.version import InvalidVersion, Version
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -4,9 +4,10 @@ Hypothesis draws the cases (`case_strategy`): a checkpoint mode, a stream layout
 (eager on the CPU; all three on CUDA), the interleave, 2 to 4 iterations, and a spec program
 (`harness.spec`): a tree of up to `MAX_SITES` sites and regions up to `MAX_DEPTH` deep, every site
 with its own op, dtype and stream (or the layout's), every region with its own passing, sites
-between regions, items fed from one tensor (``&``).  Every draw shrinks towards the simplest choice (one region, one
-native_dropout site, float32, 64x64, positional, the default layout, eager, no interleave, two
-iterations), so the failing case Hypothesis ends with is the smallest it could find.
+between regions, items fed from one tensor (``&``).  Every draw shrinks towards the simplest
+choice (one region, one native_dropout site, float32, 64x64, positional, the default layout, eager,
+no interleave, two iterations), so the failing case Hypothesis ends with is the smallest it could
+find.
 
 `fuzz` runs cases until `examples` were run or `budget` seconds passed.  A case fails when its
 verdict against the expectations file is a failure; with ``new_only``, a failure the expectations

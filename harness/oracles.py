@@ -23,9 +23,9 @@ from typing import Callable, Sequence, Union
 
 import torch
 
+from .ambient import differences as ambient_differences
 from .compare import CHANCE_OF_REPEAT, Mismatch, any_differences, bitwise_diff, repeat_chance
 from .expectations import ORACLES
-from .ambient import differences as ambient_differences
 from .records import CAPTURE, FORWARD, RECOMPUTE, WARMUP, RunRecord
 from .streams import compare_streams, identity_mismatches
 
@@ -224,11 +224,12 @@ def ambient_state(ref: RunRecord, ck: RunRecord, checks: Checks) -> None:
             n = seen[label] = seen.get(label, -1) + 1
             if n >= len(expected_at.get(label, [])):
                 continue
-            lines = [line for line in ambient_differences(state, expected_at[label][n])
-                     if line.split(":")[0] not in reported]
+            lines = {name: line for name, line in ambient_differences(state, expected_at[label][n]).items()
+                     if name not in reported}
             if lines:
-                reported.update(line.split(":")[0] for line in lines)
-                checks.add(Mismatch("ambient", label + PHASE_OF.get(it, ""), max(it, 0), 0, 0, detail="; ".join(lines)))
+                reported.update(lines)
+                checks.add(Mismatch("ambient", label + PHASE_OF.get(it, ""), max(it, 0), 0, 0,
+                                    detail="; ".join(lines.values())))
 
 
 def check(ref: RunRecord, ck: RunRecord, sites: Sites, iterations: int,

@@ -33,6 +33,7 @@ import functools
 import itertools
 from dataclasses import dataclass
 from typing import Iterator, Union
+
 from .errors import UsageError
 
 
@@ -241,6 +242,10 @@ class Tree:
 
     def all_regions(self) -> list[Region]:
         return list(self._all_regions)
+
+    def item_lists(self) -> "list[tuple[Item, ...]]":
+        """Every sequence of items: the top level's, then each region's (depth first)."""
+        return [self.items(), *(region.items for region in self._all_regions)]
 
     @functools.cached_property
     def _op_dtypes(self) -> tuple[tuple[Op, Dtype], ...]:

@@ -15,9 +15,9 @@ from . import ambient, ops
 from .capture import execute
 from .cases import Case, Device, Interleave, Layout, Mode, parse_case_id
 from .compare import Mismatch
+from .errors import HarnessError
 from .oracles import check
 from .records import FORWARD, RECOMPUTE, WARMUP, MaskLog, RunRecord
-from .errors import HarnessError
 from .reference import check_reference
 from .streams import preserved_global_rng, snapshot_streams, stream_objects
 from .workload import CheckpointFn, Tensors, Workload, alias_problem, make_tracker_streams, seed_all

@@ -133,13 +133,13 @@ class _Parser:
         return token
 
     def items(self, closing: str | None) -> list:
-        out = [self.item()]
+        out = [(*self.item(), False)]  # each node ends with whether it is parallel
         while self.peek() in ("+", "&"):
             parallel = self.take() == "&"  # '&': reads the same input as the item before it
-            out.append((*self.item(), parallel) if parallel else self.item())
+            out.append((*self.item(), parallel))
         if self.peek() != closing:
             raise self.fail(f"expected '+', '&' or {closing!r}" if closing else "expected '+', '&' or the end")
-        return [node if len(node) == (5 if node[0] == "site" else 4) else (*node, False) for node in out]
+        return out
 
     def item(self) -> tuple:
         if self.peek() == "(":

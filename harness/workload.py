@@ -24,7 +24,7 @@ import torch
 from . import ops
 from .cases import Case, Interleave, Layout, Passing
 from .checkpoint.generators import default_generator
-from .programs import TORCH_DTYPES, Dtype, Item, Region, Site
+from .programs import TORCH_DTYPES, Dtype, Item, Region, Site, reading_groups
 from .records import LOSS
 from .streams import state_value
 
@@ -250,12 +250,11 @@ class Workload:
                   top_level: bool = False) -> torch.Tensor:
         """Run `items` in order: each reads the output of the one before, except a parallel item,
         which reads the same input as the item before it and adds its output to that item's."""
-        base = h  # the input of the latest item that is not parallel
-        for item in items:
-            if not item.parallel:
-                base = h
-            out = self._item(item, base, top_level)
-            h = h + out.to(h.dtype) if item.parallel else out
+        for first, *parallel in reading_groups(items):
+            base = h  # the tensor the whole group reads
+            h = self._item(first, base, top_level)
+            for item in parallel:
+                h = h + self._item(item, base, top_level).to(h.dtype)
         return h
 
     def _item(self, item: "Item", h: torch.Tensor, top_level: bool) -> torch.Tensor:

@@ -19,6 +19,13 @@ from harness.runner import run
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run_script(tmp_path, case_id: str, impl: str) -> subprocess.CompletedProcess:
+    """Write the standalone script of `case_id` for `impl` into `tmp_path` and run it there."""
+    script = tmp_path / "repro.py"
+    script.write_text(render(parse_case_id(case_id), impl))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+
+
 def first_divergence(impl: str, case_id: str):
     result = run(parse_case_id(case_id), load(impl), timeline=True)
     rows = timeline.rows(result.timelines["reference"], result.timelines["checkpointed"])
@@ -62,13 +69,19 @@ def test_bundled_has_no_divergence():
         ("torch", "nonreentrant-mixed-eager-x4:(native_dropout@d+(randperm.f16@t))-none-cpu", 1),
         ("neg-two-slots", "reentrant-default-eager-(native_dropout+((native_dropout)))-none-cpu", 1),
         ("torch", "nonreentrant-default-eager-f16:normal_+closure(multinomial+sdpa_kernel(sdpa_math))+rand-draws-cpu", 0),
+        # issue 29's structures: one tensor feeding two regions, passed twice, a third iteration,
+        # attention that pins no backend
+        ("bundled", "nonreentrant-tracked-eager-(native_dropout)&(native_dropout)-draws-cpu", 0),
+        ("neg-id-pool", "reentrant-default-eager-(native_dropout)&(native_dropout)-none-cpu", 1),
+        ("bundled", "reentrant-shared-eager-twice(native_dropout+native_dropout)-draws-cpu", 0),
+        ("neg-stale-third-step", "nonreentrant-untracked-eager-x3:(native_dropout+(native_dropout))-none-cpu", 1),
+        ("bundled", "nonreentrant-default-eager-(native_dropout&native_dropout)+sdpa_auto-draws-cpu", 0),
+        ("neg-leak-sdpa", "nonreentrant-default-eager-(native_dropout+native_dropout)+sdpa_auto-none-cpu", 1),
     ],
 )
 def test_the_standalone_script_agrees_with_the_harness(tmp_path, impl, case_id, status):
     assert (run(parse_case_id(case_id), load(impl)).outcome.value == "pass") == (status == 0)
-    script = tmp_path / "repro.py"
-    script.write_text(render(parse_case_id(case_id), impl))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    proc = run_script(tmp_path, case_id, impl)
     assert proc.returncode == status, proc.stdout + proc.stderr
     assert ("mismatches" in proc.stdout or "the checkpointed run raised" in proc.stdout) == (status == 1)
 
@@ -88,9 +101,7 @@ def test_repro_command_prints_the_timeline_and_writes_the_script(tmp_path, capsy
 
 
 def test_a_script_whose_setup_fails_exits_2_not_1(tmp_path):
-    script = tmp_path / "repro.py"
-    script.write_text(render(parse_case_id("reentrant-default-eager-flat-none-cpu"), "no-such-impl"))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    proc = run_script(tmp_path, "reentrant-default-eager-flat-none-cpu", "no-such-impl")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "unknown implementation 'no-such-impl'" in proc.stderr
 
@@ -101,9 +112,7 @@ def test_the_script_checks_region_outputs_and_prints_values_as_the_harness_does(
     case_id = "reentrant-default-eager-flat-none-cpu"
     result = run(parse_case_id(case_id), load("neg-wrong-output"))
     assert {m.oracle for m in result.mismatches} == {"output"}
-    script = tmp_path / "repro.py"
-    script.write_text(render(parse_case_id(case_id), "neg-wrong-output"))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    proc = run_script(tmp_path, case_id, "neg-wrong-output")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "output r0 iteration 0: Mismatched elements: 1 / 4096" in proc.stdout
     # float values as value and bits, like the harness's messages (not raw integers)
@@ -119,24 +128,9 @@ def test_the_script_checks_region_outputs_and_prints_values_as_the_harness_does(
 def test_the_script_checks_the_reference_as_the_harness_does(tmp_path, impl, case_id, line):
     result = run(parse_case_id(case_id), load(impl))
     assert result.outcome.value == "error" and "reference check failed" in result.error
-    script = tmp_path / "repro.py"
-    script.write_text(render(parse_case_id(case_id), impl))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    proc = run_script(tmp_path, case_id, impl)
     assert proc.returncode == 2, proc.stdout + proc.stderr  # a broken reference, not a reproduced mismatch
     assert line in proc.stdout
-
-
-@pytest.mark.parametrize("impl, case_id, status", [
-    # issue 29's structures: one tensor feeding two regions, passed twice, a third iteration
-    ("bundled", "nonreentrant-tracked-eager-(native_dropout)&(native_dropout)-draws-cpu", 0),
-    ("neg-id-pool", "reentrant-default-eager-(native_dropout)&(native_dropout)-none-cpu", 1),
-    ("bundled", "reentrant-shared-eager-twice(native_dropout+native_dropout)-draws-cpu", 0),
-    ("neg-stale-third-step", "nonreentrant-untracked-eager-x3:(native_dropout+(native_dropout))-none-cpu", 1),
-    ("bundled", "nonreentrant-default-eager-(native_dropout&native_dropout)+sdpa_auto-draws-cpu", 0),
-    ("neg-leak-sdpa", "nonreentrant-default-eager-(native_dropout+native_dropout)+sdpa_auto-none-cpu", 1),
-])
-def test_the_script_runs_shared_inputs_and_unpinned_attention_as_the_harness_does(tmp_path, impl, case_id, status):
-    test_the_standalone_script_agrees_with_the_harness(tmp_path, impl, case_id, status)
 
 
 def _template_namespace() -> dict:

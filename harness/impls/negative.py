@@ -294,6 +294,18 @@ def make_copied_alias() -> Adapter:
     return _variant(CopiedAliasAdapter, "neg-copied-alias", "its tracker's add_alias makes a copy")
 
 
+class _EagerBugAdapter(BundledAdapter):
+    """`bundled`, with a bug that can only run eagerly (host-side state, or a stream switch that
+    would break a capture): `eager` says whether the current case is eager (set per case in
+    `supports`, which the runner calls once before the case runs); under capture it is `bundled`."""
+
+    eager = True
+
+    def supports(self, case: Any) -> str | None:
+        self.eager = case.capture.value == "eager"
+        return super().supports(case)
+
+
 # --- leaked ambient state (issue 29): each control's only bug is one piece it never puts back --------
 
 
@@ -336,7 +348,7 @@ LEAKS: dict[str, tuple[str, str, Any]] = {
 }
 
 
-class LeakAdapter(BundledAdapter):
+class LeakAdapter(_EagerBugAdapter):
     """Bug: `bundled`, but its checkpoint leaves one piece of ambient state changed (`LEAKS`):
     from the region's backward on, or after the region's forward.  The leak is set outside
     bundled's own recompute context (which puts the caller's SDPA flags and autocast back after
@@ -346,16 +358,10 @@ class LeakAdapter(BundledAdapter):
 
     leak = "neg-leak-sdpa"
 
-    def supports(self, case: Any) -> str | None:
-        # called once per case, before it runs: a stream switched during a capture would break the
-        # capture, so under capture neg-leak-stream is `bundled`
-        self.eager = case.capture.value == "eager"
-        return super().supports(case)
-
     def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         _, when, leak = LEAKS[self.leak]
         out = super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
-        if self.leak == "neg-leak-stream" and not getattr(self, "eager", True):
+        if self.leak == "neg-leak-stream" and not self.eager:  # a stream switch would break a capture
             return out
         if when == "forward":
             leak(out.device)
@@ -365,10 +371,10 @@ class LeakAdapter(BundledAdapter):
 
 
 def _leaking(name: str) -> Adapter:
-    adapter = LeakAdapter()
-    adapter.name, adapter.leak = name, name
     what, when, _ = LEAKS[name]
-    adapter.description = f"leaves {what} {'from a region backward on' if when == 'backward' else 'after each region'}"
+    adapter = _variant(LeakAdapter, name,
+                       f"leaves {what} {'from a region backward on' if when == 'backward' else 'after each region'}")
+    adapter.leak = name
     return adapter
 
 
@@ -395,23 +401,22 @@ def make_leak_stream() -> Adapter:
 # --- bugs the matrix could not see before issue 29: shared inputs, a third step ---------------------
 
 
-class IdPoolAdapter(BundledAdapter):
+class IdPoolAdapter(_EagerBugAdapter):
     """Bug: keeps each region's RNG snapshot in a pool keyed by ``id()`` of its input tensor and
     rewinds its recompute from there.  Two pending regions that receive one tensor (parallel
     branches) share a key: the later region's snapshot replaces the earlier's, whose recompute
     then redraws the later region's numbers.  (An inner region that is its outer region's first
-    item shares the outer's key too, but nothing draws between their entries: the same snapshot.)  Its snapshots are host values, so under capture, and for a region that receives no
-    tensor (a closure), it is `bundled`."""
+    item shares the outer's key too, but nothing draws between their entries: the same snapshot.)
+    Its snapshots are host values, so under capture, and for a region that receives no tensor (a
+    closure), it is `bundled`."""
 
     def supports(self, case: Any) -> str | None:
-        # called once per case, before it runs: a fresh pool, and whether the bug can run here
-        self.pool: dict[int, StateValues] = {}
-        self.eager = case.capture.value == "eager"
+        self.pool: dict[int, StateValues] = {}  # a fresh pool per case
         return super().supports(case)
 
     def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if not (tensors and getattr(self, "eager", True)):
+        if not (tensors and self.eager):
             return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
         key = id(tensors[0])
         self.pool[key] = StateValues.take(live_generators(tracker))
@@ -426,24 +431,23 @@ class IdPoolAdapter(BundledAdapter):
         return super().checkpoint(rewound_from_the_pool, *args, reentrant=reentrant, tracker=tracker, **kwargs)
 
 
-class StaleThirdStepAdapter(BundledAdapter):
+class StaleThirdStepAdapter(_EagerBugAdapter):
     """Bug: one snapshot slot per region call of a training step, refreshed during the first two
     steps only (as buffers filled while warming up and then assumed to be refilled by a graph
     replay): from the third step on every recompute rewinds to the second step's state.  Every
     two-iteration case passes.  Its snapshots are host values: under capture it is `bundled`."""
 
     def supports(self, case: Any) -> str | None:
-        # called once per case, before it runs: every case starts at step 0 with no slots
+        # every case starts at step 0 with no slots
         self.step, self.ordinal, self.recomputed, self.recomputing = 0, 0, False, 0
         self.slots: dict[int, StateValues] = {}
-        self.eager = case.capture.value == "eager"
         return super().supports(case)
 
     def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         slot = None
         # inside a recompute (an inner region called again: no step of its own) or under capture,
         # it is `bundled`; a region called in a forward takes the next slot of the step
-        if not self.recomputing and getattr(self, "eager", True):
+        if not self.recomputing and self.eager:
             if self.recomputed:  # a forward after a backward: the next step
                 self.step, self.ordinal, self.recomputed = self.step + 1, 0, False
             slot, self.ordinal = self.ordinal, self.ordinal + 1
