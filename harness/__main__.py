@@ -29,8 +29,9 @@ from .execution import (
     REQUIRE_CUDA_ENV, UsageError, adapter_version, check_selection, cuda_visible, load_targets,
     proved_nothing, resolve_devices, run_case,
 )
-from .report.env import environment
+from .environment import environment
 from .report.live import LiveResults
+from .results import CaseRecord, Verdict
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -249,7 +250,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(_device_line(cases), flush=True)
     worker = isolation.CaseWorker(args.case_timeout) if args.isolate else None
     progress = Progress(len(work), quiet=args.quiet)
-    records: list[dict[str, Any]] = []
+    records: list[CaseRecord] = []
     interrupted, status = None, 0
     env = environment()
     live = LiveResults(report_dir)  # every record on disk the moment it is judged
@@ -258,8 +259,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             for target, case in work:
                 record = run_case(target, case, entries, worker=worker).record
                 stops.raise_if_stopped()  # the case may have caught the KeyboardInterrupt and gone on
-                record["worker"] = "main"
-                record["env"] = env
+                record.worker, record.env = "main", env
                 records.append(record)
                 live.append(record)
                 progress.update(record)
@@ -276,15 +276,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"no case finished: nothing to report ({live.path} is empty)", file=sys.stderr)
         return status
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report of what finished
-        written = reporting.write(records, report_dir, env, expectations=entries, interrupted=interrupted)
+        written = reporting.write(records, report_dir, env, unmatched=expectations_mod.entry_problems(entries),
+                                  interrupted=interrupted)
     progress.finish(written)
     if interrupted:
         return status
     idle = [] if args.allow_unsupported else proved_nothing(targets, records)
     for line in idle:
         print(f"error: {line}", file=sys.stderr)
-    counts = Counter(r["verdict"] for r in records)
-    return 1 if counts["fail"] or counts["stale"] or idle else 0
+    counts = Counter(r.verdict for r in records)
+    return 1 if counts[Verdict.FAIL] or counts[Verdict.STALE] or idle else 0
 
 
 def _device_line(cases: Sequence[Case]) -> str:
@@ -311,19 +312,19 @@ class Progress:
     def _counts(self) -> str:
         return ", ".join(f"{self.counts[v]} {v}" for v in reporting.VERDICTS if self.counts[v])
 
-    def update(self, record: dict[str, Any]) -> None:
-        self.counts[record["verdict"]] += 1
+    def update(self, record: CaseRecord) -> None:
+        verdict, outcome = Verdict(record.verdict).value, record.outcome.value
+        self.counts[verdict] += 1
         done = sum(self.counts.values())
-        note = f"\n    {record['verdict_note']}" if record.get("verdict_note") else ""
+        note = f"\n    {record.verdict_note}" if record.verdict_note else ""
         if self.tty:
             print(f"\r[{done}/{self.total}] {self._counts()}\x1b[K", end="", flush=True)
-            if record["verdict"] in ("fail", "stale"):
-                print(f"\r{record['verdict']:6} {record['outcome']:11} {record['impl']} {record['case_id']}\x1b[K{note}")
+            if verdict in ("fail", "stale"):
+                print(f"\r{verdict:6} {outcome:11} {record.impl} {record.case_id}\x1b[K{note}")
         elif not self.quiet:
             if done == 1:  # the columns, once
                 print(f"[done/total] {'verdict':6} {'outcome':11} impl case", flush=True)
-            print(f"[{done}/{self.total}] {record['verdict']:6} {record['outcome']:11} "
-                  f"{record['impl']} {record['case_id']}{note}", flush=True)
+            print(f"[{done}/{self.total}] {verdict:6} {outcome:11} {record.impl} {record.case_id}{note}", flush=True)
 
     def finish(self, written: Path) -> None:
         if self.tty:
@@ -346,11 +347,11 @@ def cmd_repro(args: argparse.Namespace) -> int:
         reporting.check_output_file(args.script, "--script")
     done = run_case(target, case, entries, timeline=True)
     result, record = done.result, done.record
-    print(f"{target.name} {case.id}: {result.outcome.value} ({result.duration_s:.2f}s); verdict {record['verdict']}")
-    if record["verdict_note"]:
-        print(record["verdict_note"])
-    elif record["expected_failure"]:
-        print(f"expected to fail: {record['expected_outcome']}: {record['expected_failure'].splitlines()[0]}")
+    print(f"{target.name} {case.id}: {result.outcome.value} ({result.duration_s:.2f}s); verdict {record.verdict.value}")
+    if record.verdict_note:
+        print(record.verdict_note)
+    elif record.expected_failure:
+        print(f"expected to fail: {record.expected_outcome}: {record.expected_failure.splitlines()[0]}")
     if result.reason:
         print(result.reason)
     if result.error:
@@ -407,11 +408,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     progress = FuzzProgress()
     env = environment()
     live = LiveResults(args.report_dir) if args.report_dir else None  # each program's record as judged
-    records: dict[str, dict[str, Any]] = {}  # by case id: a case run again (shrinking, a repeat) once
+    records: dict[str, CaseRecord] = {}  # by case id: a case run again (shrinking, a repeat) once
 
-    def keep(record: dict[str, Any]) -> None:
-        record["env"] = env
-        records[record["case_id"]] = record
+    def keep(record: CaseRecord) -> None:
+        record.env = env
+        records[record.case_id] = record
         if live is not None:
             live.append(record)
 
@@ -434,7 +435,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         return _fuzz_summary(args, target, found, list(records.values()), env, entries)
 
 
-def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[dict[str, Any]],
+def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],
                   env: dict[str, Any], entries: Any) -> int:
     """Print what a fuzz run found (and write its report with --report-dir); its exit status."""
     from . import fuzz
@@ -444,7 +445,8 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
     if args.report_dir and records:
         interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
-        written = reporting.write(records, Path(args.report_dir), env, expectations=entries, interrupted=interrupted)
+        written = reporting.write(records, Path(args.report_dir), env, unmatched=expectations_mod.entry_problems(entries),
+                                  interrupted=interrupted)
         print(f"report:  {written}")
     counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
     rate = found.tried / found.seconds if found.seconds else 0.0
@@ -460,7 +462,7 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         return stops.status(stopped) if stopped else 0
     for number, finding in enumerate(found.findings, 1):
         _print_finding(finding, number, len(found.findings), target.name)
-        if finding.run.record.get("verdict") != "fail":
+        if finding.run.record.verdict is not Verdict.FAIL:
             continue  # a known bug (an entry claims it): nothing new to keep
         if args.save and not finding.shrunk:
             print("corpus:  not saved (stopped before it was shrunk: run the fuzzer again, its database replays it)")
@@ -497,13 +499,13 @@ def _print_finding(finding: Any, number: int, total: int, impl: str) -> None:
               f"shrinking ({finding.shrink_steps} runs, {finding.shrink_seconds:.1f} s): the smallest seen so far:")
     print(f"  case     {case.id}")
     print(f"  program  {case.program.spec}")
-    print(f"  outcome  {fuzz.outcome_text(record)} (verdict {record['verdict']})")
+    print(f"  outcome  {fuzz.outcome_text(record)} (verdict {record.verdict.value})")
     if finding.flaky:
         print("  flaky    this case failed, then passed when Hypothesis ran it again")
-    if record["verdict"] == "xfail":
-        print(f"  known    {record['expected_failure'].splitlines()[0]}")
-    elif record["verdict_note"]:
-        print(f"  note     {record['verdict_note']}")
+    if record.verdict is Verdict.XFAIL:
+        print(f"  known    {record.expected_failure.splitlines()[0]}")
+    elif record.verdict_note:
+        print(f"  note     {record.verdict_note}")
     print_mismatches(result.mismatches, indent="  ")
     if result.error:
         print(f"\n  {result.error}")
@@ -587,7 +589,7 @@ def cmd_module(args: argparse.Namespace) -> int:
                            "the model itself does (name another impl beside it for --wrap to apply)")
     runs = [(factory, target, capture, mode) for factory in args.factory for target in targets
             for capture in captures for mode in (modes[:1] if target.name == module_mode.AS_BUILT else modes)]
-    records: list[dict[str, Any]] = []
+    records: list[CaseRecord] = []
     for number, (factory, target, capture, mode) in enumerate(runs):
         try:
             wrap = None if target.name == module_mode.AS_BUILT else args.wrap  # the model's own choice
@@ -600,11 +602,11 @@ def cmd_module(args: argparse.Namespace) -> int:
         version = None if target.name == module_mode.AS_BUILT else adapter_version(target.adapter)
         records.append(module_report.record(result, factory, target.name, version, device, capture, mode,
                                             wrap, must_support=result.must_support))
-    counts = Counter(r["verdict"] for r in records)
+    counts = Counter(Verdict(r.verdict).value for r in records)
     if len(records) > 1:
         print(f"\n{len(records)} runs: " + ", ".join(f"{counts[v]} {v}" for v in reporting.VERDICTS if counts[v]))
     if args.report_dir:
-        written = reporting.write(records, Path(args.report_dir))
+        written = reporting.write(records, Path(args.report_dir), environment())
         print(f"report: {written}")
     if args.script:
         argv = [a for a in (args.raw_argv or []) if a]

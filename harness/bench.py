@@ -97,7 +97,7 @@ def bench(target: Target, device: str, total_cases: int, matrix_wall: bool = Tru
             start = time.perf_counter()
             case_run = run_case(target, case, entries)
             result = case_run.result
-            json.dumps(case_run.record)  # what writing a record costs, without the file system
+            json.dumps(case_run.record.to_json())  # what writing a record costs, without the file system
             spent = time.perf_counter() - start
             if first_pass:
                 phases = per_capture[case.capture.value]

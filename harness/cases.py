@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
 
 from . import ops
+from .axes import AXES, Capture, Device, Dtype, Interleave, Layout, Mode, Nesting, Op, Passing, Shape
 from .errors import UsageError
 from .programs import (
-    CLASSIC, FACTORS, SDPA_OPS, SHAPES, TREES, Dtype, Nesting, Op, Passing, Program, ProgramError, Region, Shape, Tree, every_program,
+    CLASSIC, FACTORS, SDPA_OPS, SHAPES, TREES, Program, ProgramError, Region, Tree, every_program,
     parse_enum, parse_program, reading_groups,
 )
 
@@ -35,45 +36,6 @@ __all__ = ["AXES", "Case", "CaseError", "Capture", "Device", "Dtype", "Interleav
 
 class CaseError(UsageError):
     """A bad axis value, filter or case id; the message is one line meant for the user."""
-
-
-class Mode(enum.Enum):
-    """Checkpoint flavour (``use_reentrant=True/False`` in PyTorch terms)."""
-
-    REENTRANT = "reentrant"
-    NONREENTRANT = "nonreentrant"
-
-
-class Layout(enum.Enum):
-    """Which RNG streams the sites of a region draw from."""
-
-    DEFAULT = "default"  # all sites on the default generator, tracker present but unused by sites
-    TRACKED = "tracked"  # all sites inside tracker.fork(name)
-    MIXED = "mixed"  # sites alternate default and tracked
-    SHARED = "shared"  # two tracker names alias one generator state; sites alternate the names
-    UNTRACKED = "untracked"  # no tracker at all; sites on the default generator
-
-
-class Capture(enum.Enum):
-    """How the workload is executed: eagerly or inside CUDA graphs."""
-
-    EAGER = "eager"
-    SEPARATE = "separate"  # forward graph + backward graph, replayed in order
-    SINGLE = "single"  # forward and backward captured in one graph
-
-
-class Interleave(enum.Enum):
-    """What happens between forward and backward."""
-
-    NONE = "none"
-    DRAWS = "draws"  # draw from every live stream, as other micro-batches would
-
-
-class Device(enum.Enum):
-    """The device type the workload runs on."""
-
-    CPU = "cpu"
-    CUDA = "cuda"
 
 
 # The parts of a case id, in order.
@@ -136,18 +98,6 @@ class Case:
 
 # Every enum-valued dimension of a case -> its enum: the case axes, then the program factors.
 # These are the filters of `generate`, the CLI options and the pytest markers.
-AXES: dict[str, type[enum.Enum]] = {
-    "mode": Mode,
-    "layout": Layout,
-    "capture": Capture,
-    "nesting": Nesting,
-    "interleave": Interleave,
-    "device": Device,
-    "op": Op,
-    "dtype": Dtype,
-    "shape": Shape,
-    "passing": Passing,
-}
 MATRICES = ("default", "full")
 
 # A rule returns None for a valid case, or the reason it is invalid.

@@ -6,10 +6,11 @@ Never `allclose`, never `torch.equal` alone (NaN != NaN) and never `assert_close
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from .results import Mismatch
 
 # Floating dtypes compared through a same-width integer view.
 _INT_VIEW = {
@@ -37,40 +38,6 @@ def int_view(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.is_floating_point():
         raise TypeError(f"no integer view known for {tensor.dtype}")
     return tensor
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """One failed oracle check: what, where, when, how many, and the first difference."""
-
-    oracle: str  # forward-mask | recompute-mask | gradient | live-stream | fresh-randomness | output | identity | ambient
-    subject: str  # site, tensor or stream name
-    iteration: int
-    count: int  # differing elements
-    total: int
-    first_index: Any = None  # index of the first differing element (a tuple for n-d tensors)
-    got: str = ""
-    expected: str = ""
-    detail: str = ""
-
-    def message(self) -> str:
-        """One line in PyTorch's shape: 'Mismatched elements: k / n ... first at index i: ...'."""
-        head = f"{self.oracle} {self.subject} iteration {self.iteration}: "
-        if self.detail and self.count == 0:
-            return head + self.detail
-        pct = 100.0 * self.count / self.total if self.total else 0.0
-        text = head + f"Mismatched elements: {self.count} / {self.total} ({pct:.1f}%)"
-        if self.first_index is not None:
-            text += f", first at index {self.first_index}: got {self.got}, expected {self.expected}"
-        if self.detail:
-            text += f" ({self.detail})"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        if isinstance(self.first_index, tuple):
-            data["first_index"] = list(self.first_index)
-        return data
 
 
 def _show(tensor: torch.Tensor, flat_index: int) -> str:

@@ -22,6 +22,7 @@ from . import expectations as expectations_mod
 from . import impls
 from .cases import Case, Capture, Device
 from .errors import UsageError
+from .results import SKIPPED_OUTCOMES, CaseRecord, Verdict
 from .runner import CaseResult, run
 from .stops import INTERRUPTED  # exit status after Ctrl-C
 
@@ -53,7 +54,7 @@ class CaseRun:
     """One case run for one target: the result (with timelines, for `repro`) and its judged record."""
 
     result: CaseResult
-    record: dict[str, Any]
+    record: CaseRecord
 
 
 def cuda_visible() -> bool:
@@ -156,28 +157,24 @@ def must_support(adapter: Any, case: Case) -> bool:
 
 
 def judged_record(result: CaseResult, target: Target, entries: Sequence[expectations_mod.Expectation]
-                  ) -> dict[str, Any]:
+                  ) -> CaseRecord:
     """`result` as a record, with its expectation (looked up under the target's name and version)
     and its verdict: ``verdict``, ``verdict_note``, ``expected_failure``, ``expected_issue``,
     ``expected_outcome``, ``expected_oracles``, ``expected_entry`` (the bug's name, or 'entry N')."""
-    record = result.to_dict()
-    record["impl"] = target.name
-    entry = expectations_mod.find(entries, target.name, result.case, version=record.get("impl_version"))
+    record = result.record()
+    record.impl = target.name
+    entry = expectations_mod.find(entries, target.name, result.case, version=record.impl_version)
     judgement = expectations_mod.judge(
         result.outcome.value, [m.oracle for m in result.mismatches], result.error, entry,
         impl=target.name, must_support_all=must_support(target.adapter, result.case),
         reason=result.reason,
     )
     failure = entry if entry is not None and not entry.expects_pass else None  # a pass entry expects none
-    record.update({
-        "verdict": judgement.verdict,
-        "verdict_note": judgement.note,
-        "expected_failure": failure.reason if failure else "",
-        "expected_issue": failure.issue if failure else "",
-        "expected_outcome": failure.outcome if failure else "",
-        "expected_oracles": list(failure.oracles) if failure else [],
-        "expected_entry": failure.label if failure else "",
-    })
+    record.verdict, record.verdict_note = Verdict(judgement.verdict), judgement.note
+    if failure:
+        record.expected_failure, record.expected_issue = failure.reason, failure.issue
+        record.expected_outcome, record.expected_oracles = failure.outcome, list(failure.oracles)
+    record.expected_entry = failure.label if failure else ""
     return record
 
 
@@ -196,17 +193,17 @@ def run_case(target: Target, case: Case, entries: Sequence[expectations_mod.Expe
     return CaseRun(result, judged_record(result, target, entries))
 
 
-def proved_nothing(targets: Sequence[Target], records: Iterable[dict[str, Any]]) -> list[str]:
+def proved_nothing(targets: Sequence[Target], records: Iterable[CaseRecord]) -> list[str]:
     """One line per impl the user named whose selected cases were all unsupported or skipped: a
     run that ran none of them proved nothing about it, so it must not pass."""
     ran: dict[str, int] = {}
     reasons: dict[str, dict[str, int]] = {}
     for record in records:
-        if record["outcome"] in ("unsupported", "skipped"):
-            why = reasons.setdefault(record["impl"], {})
-            why[record.get("reason", "")] = why.get(record.get("reason", ""), 0) + 1
+        if record.outcome in SKIPPED_OUTCOMES:
+            why = reasons.setdefault(record.impl, {})
+            why[record.reason] = why.get(record.reason, 0) + 1
         else:
-            ran[record["impl"]] = ran.get(record["impl"], 0) + 1
+            ran[record.impl] = ran.get(record.impl, 0) + 1
     lines = []
     for target in targets:
         if target.explicit and not ran.get(target.name) and target.name in reasons:

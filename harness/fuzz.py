@@ -32,6 +32,7 @@ from .cases import (
     LAYOUT_STREAMS, Capture, Case, Device, Interleave, Layout, Mode, invalid_reason,
 )
 from .execution import CaseRun, Target, run_case
+from .results import CaseRecord, Outcome, Verdict
 from .programs import SDPA_OPS, Dtype, Op, Passing, Shape
 from .spec import parse_spec
 
@@ -148,7 +149,7 @@ class Found(Exception):
     """A failing case (what Hypothesis shrinks)."""
 
     def __init__(self, run: CaseRun) -> None:
-        super().__init__(f"{run.record['outcome']} {run.record['case_id']}")
+        super().__init__(f"{run.record.outcome.value} {run.record.case_id}")
         self.run = run
 
 
@@ -197,21 +198,21 @@ class FuzzResult:
         return self.findings[0].found_after if self.findings else 0
 
 
-def signature(record: dict[str, Any]) -> tuple[str, ...]:
+def signature(record: CaseRecord) -> tuple[str, ...]:
     """What tells two failures apart when the run keeps going: the outcome and its failing
     oracles, or the outcome and the error's type."""
-    if record["outcome"] == "mismatch":
-        return ("mismatch", *sorted({m["oracle"] for m in record["mismatches"]}))
-    return (record["outcome"], (record.get("error") or "").split(":", 1)[0])
+    if record.outcome is Outcome.MISMATCH:
+        return ("mismatch", *sorted({m.oracle for m in record.mismatches}))
+    return (record.outcome.value, record.error.split(":", 1)[0])
 
 
-def outcome_text(record: dict[str, Any]) -> str:
+def outcome_text(record: CaseRecord) -> str:
     """'mismatch: oracle, oracle' or 'error: Type: message' (one line), as the corpus keeps it."""
-    if record["outcome"] == "mismatch":
-        oracles = dict.fromkeys(m["oracle"] for m in record["mismatches"])
+    if record.outcome is Outcome.MISMATCH:
+        oracles = dict.fromkeys(m.oracle for m in record.mismatches)
         return f"mismatch: {', '.join(oracles)}"
-    first = (record.get("error") or record.get("reason") or "").strip().splitlines()
-    return f"{record['outcome']}: {first[0][:200]}" if first else record["outcome"]
+    first = (record.error or record.reason).strip().splitlines()
+    return f"{record.outcome.value}: {first[0][:200]}" if first else record.outcome.value
 
 
 def _repeats(done: CaseRun, again: Callable[[], CaseRun]) -> bool:
@@ -223,7 +224,7 @@ def _repeats(done: CaseRun, again: Callable[[], CaseRun]) -> bool:
     if case.device is not Device.CUDA or all(ops.REGISTRY[op].reproducible for op in case.program.ops()):
         return True
     second = again()
-    return (second.record["outcome"] == done.record["outcome"]
+    return (second.record.outcome == done.record.outcome
             and [m.message() for m in second.result.mismatches] == [m.message() for m in done.result.mismatches])
 
 
@@ -277,7 +278,7 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         stops.raise_if_stopped()  # its result may be the interruption's doing (a killed worker)
         if on_record is not None:
             on_record(done.record)
-        verdict = done.record["verdict"]
+        verdict = Verdict(done.record.verdict).value
         result.tried += 1
         if state["failed"]:
             result.shrink_steps += 1
@@ -285,10 +286,10 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
             result.generated += 1
         result.verdicts[verdict] = result.verdicts.get(verdict, 0) + 1
         if verdict == "xfail":
-            label = done.record.get("expected_entry") or "?"
+            label = done.record.expected_entry or "?"
             result.known[label] = result.known.get(label, 0) + 1
         elif verdict == "stale":  # an entry claims more than the bug: worth narrowing
-            result.stale.append(f"{case.id} ({done.record.get('expected_entry') or '?'})")
+            result.stale.append(f"{case.id} ({done.record.expected_entry or '?'})")
         if progress is not None:
             progress(result)
         if verdict not in failing:

@@ -16,6 +16,8 @@ import shlex
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .cases import AXES, Capture, Mode
+from .expectations import judge
+from .results import CaseRecord, Outcome, Verdict
 
 if TYPE_CHECKING:
     from .module_mode import ModuleResult
@@ -41,35 +43,26 @@ def case_id(factory: str, impl: str, device: str, capture: Capture, mode: Mode, 
     return "-".join([mode_name(impl, mode), MODULE_LAYOUT, capture.value, program_name(factory, wrap), "none", device])
 
 
-def _verdict(outcome: str) -> str:
-    return {"pass": "pass", "unsupported": "skip", "skipped": "skip"}.get(outcome, "fail")
-
-
 def record(result: "ModuleResult", factory: str, impl: str, version: str | None, device: str, capture: Capture,
-           mode: Mode, wrap: Sequence[str] | None, must_support: bool = False) -> dict[str, Any]:
-    """The results.jsonl record of one module run.  `must_support`: an unsupported answer is a
-    failure (an impl that must run everything and declared no limit for this model)."""
-    verdict = _verdict(result.outcome)
-    note = ""
-    if result.outcome == "unsupported" and must_support:
-        verdict, note = "fail", f"{impl} must support every case; it declared no limit for this one"
-    error = result.error + "".join(f"\n(warning: {w})" for w in result.warnings)
-    return {
-        "case_id": case_id(factory, impl, device, capture, mode, wrap),
-        "impl": impl, "impl_version": version,
-        **{axis: "" for axis in AXES},
-        "mode": mode_name(impl, mode), "layout": MODULE_LAYOUT, "capture": capture.value,
-        "interleave": "none", "device": device, "program": program_name(factory, wrap),
-        "outcome": result.outcome, "reason": result.reason, "error": error, "traceback": result.traceback,
-        "mismatches": [m.to_dict() for m in result.mismatches],
-        "duration_s": round(result.duration_s, 6), "timings": {}, "iterations": result.iterations,
-        "kind": "module", "factory": factory, "wrap": list(wrap or []),
-        "checkpointed": ", ".join(repr(p) for p in result.checkpointed),
-        "draws_per_forward": result.draws_per_forward, "draw_sites": len(result.draws),
-        "first_divergent_draw": result.first_divergent or "", "diagnosis": result.diagnosis,
-        "verdict": verdict, "verdict_note": note, "expected_failure": "", "expected_issue": "",
-        "expected_outcome": "", "expected_oracles": [],
-    }
+           mode: Mode, wrap: Sequence[str] | None, must_support: bool = False) -> CaseRecord:
+    """The results.jsonl record of one module run, judged as the matrix judges a case with no
+    expectation entry (`expectations.judge`).  `must_support`: an unsupported answer is a failure
+    (an impl that must run everything and declared no limit for this model)."""
+    judgement = judge(result.outcome, [m.oracle for m in result.mismatches], result.error, None, impl=impl,
+                      must_support_all=must_support, reason=result.reason)
+    axes = {axis: "" for axis in AXES}
+    axes.update({"mode": mode_name(impl, mode), "layout": MODULE_LAYOUT, "capture": capture.value,
+                 "interleave": "none", "device": device, "program": program_name(factory, wrap)})
+    return CaseRecord(
+        case_id(factory, impl, device, capture, mode, wrap), impl, Outcome(result.outcome), impl_version=version,
+        axes=axes, reason=result.reason, error=result.error + "".join(f"\n(warning: {w})" for w in result.warnings),
+        traceback=result.traceback, mismatches=list(result.mismatches), duration_s=result.duration_s,
+        iterations=result.iterations, verdict=Verdict(judgement.verdict), verdict_note=judgement.note,
+        extra={"kind": "module", "factory": factory, "wrap": list(wrap or []),
+               "checkpointed": ", ".join(repr(p) for p in result.checkpointed),
+               "draws_per_forward": result.draws_per_forward, "draw_sites": len(result.draws),
+               "first_divergent_draw": result.first_divergent or "", "diagnosis": result.diagnosis},
+    )
 
 
 def command(factory: str, impl: str, device: str, capture: Capture | str, mode: Mode | str,

@@ -25,7 +25,7 @@ import torch
 
 from .ambient import differences as ambient_differences
 from .compare import CHANCE_OF_REPEAT, Mismatch, any_differences, bitwise_diff, repeat_chance
-from .expectations import ORACLES
+from .results import ORACLES
 from .records import CAPTURE, FORWARD, RECOMPUTE, WARMUP, RunRecord
 from .streams import compare_streams, identity_mismatches
 

@@ -30,7 +30,9 @@ from . import expectations as expectations_mod
 from . import corpus, gpus, isolation, shards, stops
 from . import report as reporting
 from .report.live import LiveResults
+from .results import CaseRecord, Verdict
 from .cases import AXES, ID_PARTS, MATRICES, CaseError, Case, generate, parse_case_id, parse_programs
+from .environment import environment
 from .execution import (
     REQUIRE_CUDA_ENV, Target, UsageError, cuda_visible, load_targets, proved_nothing, resolve_devices,
     run_case,
@@ -144,19 +146,21 @@ def harness_run(request: pytest.FixtureRequest):
         done = run_case(target, param.case, config._harness_expectations,  # type: ignore[attr-defined]
                         worker=_case_worker(config))
         record = done.record
-        record["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        record["gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""
-        request.node.user_properties.append((RESULT_PROPERTY, json.dumps(record)))
-        request.node.user_properties.extend(reporting.junit_properties(record))  # for --junitxml
-        verdict, outcome = record["verdict"], record["outcome"]
-        if verdict == "skip":
+        record.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        record.gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""
+        data = record.to_json()
+        # xdist ships user_properties to the controller: the record travels as its JSON line.
+        request.node.user_properties.append((RESULT_PROPERTY, json.dumps(data)))
+        request.node.user_properties.extend(reporting.junit_properties(data))  # for --junitxml
+        verdict, outcome = record.verdict, record.outcome.value
+        if verdict is Verdict.SKIP:
             pytest.skip(f"{outcome}: {done.result.reason}")
-        if verdict == "xfail":
-            pytest.xfail(f"{record['expected_outcome']}: {record['expected_failure'].splitlines()[0]}")
-        if verdict in ("fail", "stale"):
-            lines = [f"{param.impl} {param.case.id}: {outcome} ({verdict})"]
-            lines += [record["verdict_note"]] if record["verdict_note"] else []
-            lines += [done.result.summary(), f"rerun: {reporting.repro_command(record)}"]
+        if verdict is Verdict.XFAIL:
+            pytest.xfail(f"{record.expected_outcome}: {record.expected_failure.splitlines()[0]}")
+        if verdict in (Verdict.FAIL, Verdict.STALE):
+            lines = [f"{param.impl} {param.case.id}: {outcome} ({verdict.value})"]
+            lines += [record.verdict_note] if record.verdict_note else []
+            lines += [done.result.summary(), f"rerun: {reporting.repro_command(data)}"]
             pytest.fail("\n".join(line for line in lines if line), pytrace=False)
 
     return run_one
@@ -198,7 +202,7 @@ class ReportCollector:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        self.records: dict[tuple[str, str], CaseRecord] = {}
         self.line = ""
         self.expected = 0  # harness cases collected: the n of "interrupted after k of n"
         self.live: LiveResults | None = None  # results.jsonl, opened at the first record
@@ -232,15 +236,15 @@ class ReportCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for name, value in report.user_properties:
             if name == RESULT_PROPERTY:
-                record = json.loads(value)
-                key = (record["impl"], record["case_id"])
+                record = CaseRecord.from_json(json.loads(value))
+                key = (record.impl, record.case_id)
                 if key in self.records:
                     continue
                 self.records[key] = record
                 if not hasattr(self.config, "workerinput"):
                     self._keep(record)
 
-    def _keep(self, record: dict[str, Any]) -> None:
+    def _keep(self, record: CaseRecord) -> None:
         """Append the record to the report directory's results.jsonl now (a killed run keeps it)."""
         try:
             if self.live is None:
@@ -266,8 +270,9 @@ class ReportCollector:
             return
         try:
             with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report
-                written = reporting.write(list(self.records.values()), self.target(), interrupted=interrupted,
-                                          expectations=self.config._harness_expectations)  # type: ignore[attr-defined]
+                written = reporting.write(list(self.records.values()), self.target(), environment(),
+                                          interrupted=interrupted,
+                                          unmatched=expectations_mod.entry_problems(self.config._harness_expectations))  # type: ignore[attr-defined]
         except reporting.ReportError as exc:
             self.line = f"harness report NOT written: {exc}"
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR

@@ -34,71 +34,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterator, Union
 
+from .axes import Dtype, Nesting, Op, Passing, Shape
 from .errors import UsageError
-
-
-class Op(enum.Enum):
-    """The RNG consumers of `harness.ops` (one registry entry each)."""
-
-    NATIVE_DROPOUT = "native_dropout"
-    DROPOUT = "dropout"
-    DROPOUT_INPLACE = "dropout_inplace"
-    BERNOULLI = "bernoulli_"
-    RAND = "rand"
-    RANDN = "randn"
-    RAND_LIKE = "rand_like"
-    RANDN_LIKE = "randn_like"
-    RANDINT = "randint"
-    NORMAL = "normal_"
-    UNIFORM = "uniform_"
-    MULTINOMIAL = "multinomial"
-    RANDPERM = "randperm"
-    POISSON = "poisson"
-    EXPONENTIAL = "exponential_"
-    SDPA_MATH = "sdpa_math"
-    SDPA_EFFICIENT = "sdpa_efficient"
-    SDPA_FLASH = "sdpa_flash"
-    SDPA_CUDNN = "sdpa_cudnn"
-    NODRAW = "nodraw"
-    DROPOUT_P0 = "dropout_p0"
-    # Attention without dropout on whatever backend the SDPA flags let torch choose: it draws
-    # nothing, and its output shows a checkpoint that leaves the flags changed (issue 29).
-    SDPA_AUTO = "sdpa_auto"
-
-
-class Dtype(enum.Enum):
-    F32 = "f32"
-    BF16 = "bf16"
-    F16 = "f16"
-
-
-class Shape(enum.Enum):
-    SMALL = "small"
-    ODD = "odd"
-    LARGE = "large"
-
-
-class Passing(enum.Enum):
-    """How a region's input reaches it, or the context the region is entered under."""
-
-    POSITIONAL = "positional"
-    KEYWORD = "keyword"
-    CLOSURE = "closure"
-    LIST = "list"
-    DICT = "dict"
-    AUTOCAST = "autocast"
-    SDPA_KERNEL = "sdpa_kernel"
-    TWICE = "twice"  # the same tensor passed as two arguments (the region reads their mean)
-
-
-class Nesting(enum.Enum):
-    """How checkpointed regions are arranged."""
-
-    FLAT = "flat"  # one region
-    NESTED = "nested"  # a region inside a region
-    SIBLINGS = "siblings"  # two regions one after the other
-    DEEP = "deep"  # three levels: a region inside a region inside a region
-    WIDE = "wide"  # three regions one after the other: three recomputes pending at once
 
 
 # Factor name -> enum, in name order.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import time
 import traceback
 import warnings
@@ -14,27 +13,17 @@ import torch
 from . import ambient, ops
 from .capture import execute
 from .cases import Case, Device, Interleave, Layout, Mode, parse_case_id
-from .compare import Mismatch
 from .errors import HarnessError
 from .oracles import check
 from .records import FORWARD, RECOMPUTE, WARMUP, MaskLog, RunRecord
 from .reference import check_reference
+from .results import CaseRecord, Mismatch, Outcome
 from .streams import preserved_global_rng, snapshot_streams, stream_objects
 from .workload import CheckpointFn, Tensors, Workload, alias_problem, make_tracker_streams, seed_all
 
 # K >= 2: the second iteration shows what a leaked stream advance does next (spec programs may
 # ask for more: `Program.iterations`).
 ITERATIONS = 2
-
-
-class Outcome(str, enum.Enum):
-    PASS = "pass"
-    MISMATCH = "mismatch"
-    ERROR = "error"
-    UNSUPPORTED = "unsupported"
-    SKIPPED = "skipped"
-    CRASH = "crash"  # the process running the case died (abort, segfault, sticky CUDA error)
-    TIMEOUT = "timeout"  # the case ran past its time limit and its process was killed
 
 
 @dataclass
@@ -66,35 +55,25 @@ class CaseResult:
             return self.error
         return self.reason
 
+    def record(self) -> CaseRecord:
+        """The result as a results.jsonl record, not yet judged (`execution.judged_record` judges it)."""
+        return CaseRecord(
+            self.case.id, self.impl, self.outcome, impl_version=self.impl_version, axes=self.case.axis_values(),
+            reason=self.reason, error=self.error, traceback=self.traceback, mismatches=list(self.mismatches),
+            duration_s=self.duration_s, timings=dict(self.timings), iterations=self.iterations)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "case_id": self.case.id,
-            "impl": self.impl,
-            "impl_version": self.impl_version,
-            **self.case.axis_values(),
-            "outcome": self.outcome.value,
-            "reason": self.reason,
-            "error": self.error,
-            "traceback": self.traceback,
-            "mismatches": [m.to_dict() for m in self.mismatches],
-            "duration_s": round(self.duration_s, 6),
-            "timings": dict(self.timings),
-            "iterations": self.iterations,
-        }
+        """`record()` in its JSON form (what an isolated worker sends back)."""
+        return self.record().to_json()
 
 
 def result_from_dict(data: dict[str, Any]) -> CaseResult:
     """Rebuild a `CaseResult` from its `to_dict` form (e.g. sent back by an isolated worker)."""
-    mismatches = [
-        Mismatch(**{**m, "first_index": tuple(m["first_index"]) if isinstance(m["first_index"], list) else m["first_index"]})
-        for m in data.get("mismatches", [])
-    ]
+    record = CaseRecord.from_json(data)
     return CaseResult(
-        parse_case_id(data["case_id"]), data["impl"], Outcome(data["outcome"]),
-        impl_version=data.get("impl_version"), reason=data.get("reason", ""),
-        error=data.get("error", ""), traceback=data.get("traceback", ""), mismatches=mismatches,
-        duration_s=data.get("duration_s", 0.0), iterations=data.get("iterations", ITERATIONS),
-        timings=dict(data.get("timings", {})),
+        parse_case_id(record.case_id), record.impl, record.outcome, impl_version=record.impl_version,
+        reason=record.reason, error=record.error, traceback=record.traceback, mismatches=record.mismatches,
+        duration_s=record.duration_s, iterations=record.iterations, timings=record.timings,
     )
 
 

@@ -26,7 +26,7 @@ FLAT = "nonreentrant-default-eager-flat-none-cpu"
 def judged(impl: str, case_id: str) -> dict:
     adapter = impls.load(impl)
     result = runner.run(parse_case_id(case_id), adapter)
-    return judged_record(result, Target(impl, adapter), expectations.load())
+    return judged_record(result, Target(impl, adapter), expectations.load()).to_json()
 
 
 def test_checkpoint_inside_compile_passes():

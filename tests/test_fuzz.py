@@ -39,7 +39,7 @@ def test_the_fuzzer_finds_and_shrinks_each_controls_bug(impl):
     program = found.failure.result.case.program
     regions, sites = CPU_CONTROLS[impl]
     assert len(program.all_regions()) <= regions and len(program.sites()) <= sites, program.spec
-    assert found.failure.record["outcome"] in ("mismatch", "error")
+    assert found.failure.record.outcome.value in ("mismatch", "error")
     [finding] = found.findings
     assert found.tried == finding.found_after + finding.shrink_steps
 
@@ -68,10 +68,10 @@ def test_new_only_skips_what_the_expectations_describe():
     """torch's reentrant keyword error is a known failure: found without --new-only, and with it
     whatever the fuzzer reports is a failure the expectations do not describe."""
     known = shrunk("torch", examples=100)
-    assert known.failure is not None and known.failure.record["verdict"] == "xfail"
+    assert known.failure is not None and known.failure.record.verdict == "xfail"
     new = shrunk("torch", examples=100, new_only=True)
     assert new.verdicts.get("xfail", 0) > 0
-    assert new.failure is None or new.failure.record["verdict"] == "fail"
+    assert new.failure is None or new.failure.record.verdict == "fail"
 
 
 def test_new_only_torch_on_the_cpu_finds_no_new_kind_and_counts_the_known_by_their_entry(capsys):
@@ -176,7 +176,7 @@ class _Run:
 
         mismatches = [SimpleNamespace(message=lambda line=line: line) for line in lines]
         self.result = SimpleNamespace(case=parse_case_id(case_id), mismatches=mismatches)
-        self.record = {"outcome": outcome}
+        self.record = SimpleNamespace(outcome=outcome)
 
 
 def test_a_failure_of_a_nondeterministic_backward_must_repeat_bit_for_bit():

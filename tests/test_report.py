@@ -10,6 +10,9 @@ import pytest
 
 from harness import expectations, impls, report
 from harness.cases import generate, parse_case_id
+from harness import environment as harness_environment
+from harness.environment import environment
+from harness.results import RNG_APIS
 from harness.report import env as report_env
 from harness.report import html as report_html
 from harness.report import model as report_model
@@ -51,7 +54,7 @@ def real_records():
             record = run(case, adapter).to_dict()
             record["verdict"] = report.verdict(record["outcome"], False)
             records.append(record)
-    env = report_env.environment()
+    env = environment()
     for r in records:
         r["worker"], r["env"] = "main", env
     return records
@@ -93,7 +96,7 @@ def test_status_tells_known_failures_and_stale_entries_from_plain_outcomes():
 
 
 def test_summary_has_environment_attention_counts_matrices_and_failing_cases(real_records):
-    text = report.summary_markdown(real_records, report_env.environment())
+    text = report.summary_markdown(real_records, environment())
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections == ["## Environment", "## Needs attention", "## Outcomes per implementation",
                         "## Layout x capture", "## Failing cases"]
@@ -126,7 +129,7 @@ def test_summary_escapes_pipes_so_tables_keep_their_shape():
 def test_stale_entries_and_unmatched_expectations_are_prominent(tmp_path):
     records = [rec(outcome="pass", expected="torch never saves tracker streams"), rec(impl="torch")]
     entries = [expectations.Expectation("torch", ("*-nosuchlayout-*",), "dead entry")]
-    report.write(records, tmp_path / "r", expectations=entries, step_summary=False)
+    report.write(records, tmp_path / "r", unmatched=expectations.entry_problems(entries), step_summary=False)
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert "### ⚠ Stale expectations: 1" in summary and "torch never saves tracker streams" in summary
     assert "### ⚠ Expectation problems: 1" in summary and "*-nosuchlayout-*" in summary
@@ -258,19 +261,19 @@ def test_junit_properties_name_the_case_and_its_mismatches():
 
 
 def test_environment_header_reports_versions_and_rng_apis_without_cuda():
-    env = report_env.environment()
+    env = environment()
     for key in ("host", "python", "torch", "cuda", "gpu", "rng_apis"):
         assert key in env
     apis = report_env.rng_apis(env)
-    assert list(apis) == list(report_env.RNG_APIS)
-    if not report_env.torch.cuda.is_available():
+    assert list(apis) == list(RNG_APIS)
+    if not harness_environment.torch.cuda.is_available():
         assert apis["capture-time get_state"] == "unknown (no CUDA)"
 
 
 def test_capture_probe_ends_the_capture_and_puts_the_generator_back(monkeypatch):
     """The probe under a fake CUDA: get_state raising inside the capture is a 'no', the capture is
     ended anyway, and the generator's value is written back."""
-    torch = report_env.torch
+    torch = harness_environment.torch
     events = []
 
     class Gen:
@@ -298,7 +301,7 @@ def test_capture_probe_ends_the_capture_and_puts_the_generator_back(monkeypatch)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    answer = report_env._capture_and_ask(Gen())
+    answer = harness_environment._capture_and_ask(Gen())
     assert answer.startswith("no (Cannot call CUDAGeneratorImpl::philox_offset_per_thread")
     assert events == ["begin", "end", ("set", "state")]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
+from harness import report, results
 from harness.__main__ import main
 
 from test_report import ENV_A, ENV_B, MISMATCH, rec
@@ -158,7 +158,7 @@ def test_null_env_missing_new_fields_and_every_outcome_and_verdict_read_fine(tmp
               for i, name in enumerate(report.VERDICTS)]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert len(cli.read_results(tmp_path)) == len(report.OUTCOMES) + len(report.VERDICTS)
-    assert cli.record_problem(GOOD) == ""
+    assert results.record_problem(GOOD) == ""
 
 
 def test_compare_counts_a_passing_case_that_became_unsupported_or_skipped_as_a_regression(tmp_path, capsys):

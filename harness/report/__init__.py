@@ -25,16 +25,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..expectations import Expectation
 from . import html as html_view
 from . import markdown as markdown_view
-from .env import env_key, environment
+from .env import env_key
 from ..errors import UsageError
+from ..results import AXES, CaseRecord, as_json
+from ..results import FAILED_OUTCOMES, OUTCOMES, VERDICTS
 from .frame import (
-    FAILED_OUTCOMES,
-    OUTCOMES,
     STATUSES,
-    VERDICTS,
     mismatches_frame,
     record_key,
     record_verdict,
@@ -51,7 +49,7 @@ from .model import RunModel, build
 __all__ = [
     "FAILED_OUTCOMES", "MAX_MISMATCH_LINES", "OUTCOMES", "REPORT_FILES", "STATUSES", "STEP_SUMMARY_LIMIT",
     "VERDICTS", "ReportError", "RunModel", "append_step_summary", "build", "check_report_dir",
-    "default_report_dir", "env_key", "environment", "expectation_problems", "junit_properties",
+    "default_report_dir", "env_key", "junit_properties",
     "matrix_markdown", "mismatches_frame", "record_key", "record_verdict", "render", "repro_command",
     "results_frame", "status", "step_summary_markdown", "summary_markdown", "verdict",
     "write",
@@ -70,8 +68,6 @@ def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:
     case id, every axis, outcome, verdict and its note, reason or error, the expectation, the
     mismatches (count and one line each, the first 12) and the command that reruns the case alone.
     Names are prefixed ``harness.``; every value is a string."""
-    from ..cases import AXES
-
     props = [("harness.impl", str(record["impl"])), ("harness.case_id", str(record["case_id"]))]
     props += [(f"harness.{axis}", str(record[axis])) for axis in AXES if axis in record]
     props += [("harness.outcome", str(record.get("outcome", ""))),
@@ -127,14 +123,6 @@ def _try_writing(folder: Path, what: str) -> None:
             pass
     except OSError as exc:
         raise ReportError(f"{what} is unusable: cannot write in {folder}: {exc.strerror or exc}") from None
-
-
-def expectation_problems(expectations: Iterable[Expectation]) -> list[str]:
-    """One line per expectation entry that can never apply: its cases match no case, or its impl
-    names no known implementation (`harness.expectations.entry_problems`)."""
-    from ..expectations import entry_problems
-
-    return entry_problems(list(expectations))
 
 
 def summary_markdown(records: Sequence[dict[str, Any]], env: Mapping[str, Any] | None = None, *,
@@ -193,40 +181,36 @@ def _render(records: Sequence[dict[str, Any]], problems: Sequence[str] | None, i
     return files, failed, model
 
 
-def write(records: Iterable[dict[str, Any]], report_dir: "str | Path", env: dict[str, Any] | None = None,
-          *, expectations: Iterable[Expectation] | None = None, unmatched: Sequence[str] | None = None,
+def write(records: "Iterable[CaseRecord | dict[str, Any]]", report_dir: "str | Path", env: dict[str, Any] | None = None,
+          *, unmatched: Sequence[str] | None = None,
           interrupted: str | None = None, step_summary: bool = True) -> Path:
     """Write the report of `records` into `report_dir` (created); return the directory.
 
     A record keeps the environment it carries (`env`), so merged reports keep each case's GPU and
-    host; records without one get `env` (default: this process's `environment()`).  Every file is
+    host; records without one get `env` (the caller probes it: `harness.environment`).  Every file is
     rendered before the directory is touched, written to a temporary file and then moved into
     place, results.jsonl last: a crash leaves the previous report as it was.  Also points
     ``latest`` (beside a run directory under ``reports/``) at `report_dir`, and appends a short
     summary to ``$GITHUB_STEP_SUMMARY`` when it is set and `step_summary` is true.
 
-    `unmatched` are the expectation-problem lines shown under "Needs attention"; when it is None
-    and `expectations` (the entries the run used) is given, they are computed from those
-    (`expectation_problems`).  `interrupted` (e.g. "interrupted after 12 of 60 cases") marks an
+    `unmatched` are the expectation-problem lines shown under "Needs attention" (the runner
+    computes them: `expectations.entry_problems`; the report reads no expectations).  `interrupted` (e.g. "interrupted after 12 of 60 cases") marks an
     interrupted run in every file: a banner atop summary.md, report.html and the step summary, the
     key ``interrupted`` on every record of results.jsonl (so a column of cases.csv) and a column
     of mismatches.csv.  An empty run, or a directory that cannot be written, raises ReportError
     and writes nothing.
     """
     report_dir = Path(report_dir)
-    records = [dict(r) for r in records]
+    records = as_json(records)
     if not records:
         raise ReportError(f"no results to report: the run produced no cases; nothing written to {report_dir}")
-    if any(not r.get("env") for r in records):
-        env = dict(env) if env else environment()
+    if env and any(not r.get("env") for r in records):
         for record in records:
-            record["env"] = record.get("env") or env
+            record["env"] = record.get("env") or dict(env)
     if interrupted:
         for record in records:
             record["interrupted"] = interrupted
     records.sort(key=record_key)
-    if unmatched is None and expectations is not None:
-        unmatched = expectation_problems(expectations)
     files, failed, model = _render(records, unmatched, interrupted)
     _prepare(report_dir)
     _commit(report_dir, files)

@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UsageError
+from ..results import record_problem
 from . import ReportError, env_key, write
 from . import merge as report_merge
-from .frame import OUTCOMES, VERDICTS
-
-REQUIRED_KEYS = ("impl", "case_id", "outcome")
 
 
 def results_path(location: "str | Path") -> Path:
@@ -75,41 +73,6 @@ def read_results(directory: "str | Path", *, partial: bool = False) -> list[dict
             raise UsageError(f"{source}:{number}: {problem}")
         records.append(record)
     return records
-
-
-def record_problem(record: dict[str, Any]) -> str:
-    """What breaks the record contract, in a few words; "" for a good record.
-
-    Required: impl, case_id (strings) and outcome (one of the seven outcomes).  Where present:
-    verdict is one of the five verdicts, mismatches a list of objects, env an object (or null).
-    Fields a record lacks (older reports) count as empty.
-    """
-    missing = [key for key in REQUIRED_KEYS if key not in record]
-    if missing:
-        return f"record lacks {', '.join(missing)}"
-    for key in ("impl", "case_id"):
-        if not isinstance(record[key], str):
-            return f"{key} must be a string, not {_json_type(record[key])}"
-    if record["outcome"] not in OUTCOMES:
-        return f"outcome {record['outcome']!r} is none of {', '.join(OUTCOMES)}"
-    if "verdict" in record and record["verdict"] not in VERDICTS:
-        return f"verdict {record['verdict']!r} is none of {', '.join(VERDICTS)}"
-    if "mismatches" in record:
-        found = record["mismatches"]
-        if not isinstance(found, list):
-            return f"mismatches must be a list, not {_json_type(found)}"
-        bad = next((i for i, m in enumerate(found) if not isinstance(m, dict)), None)
-        if bad is not None:
-            return f"mismatches[{bad}] must be an object, not {_json_type(found[bad])}"
-    if record.get("env") is not None and not isinstance(record["env"], dict):
-        return f"env must be an object or null, not {_json_type(record['env'])}"
-    return ""
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-             float: "a number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
 
 
 def read_nonempty(location: "str | Path", *, partial: bool = False) -> list[dict[str, Any]]:

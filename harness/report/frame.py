@@ -12,14 +12,10 @@ import re
 import shlex
 from typing import Any, Iterable, Mapping
 
-from ..cases import AXES
-from ..compare import Mismatch
+from ..axes import AXES
+from ..results import FAILED_OUTCOMES, SKIPPED_OUTCOMES, Mismatch
 from .env import env_key, env_labels
 
-VERDICTS = ("pass", "fail", "xfail", "stale", "skip")
-FAILED_OUTCOMES = ("mismatch", "error", "crash", "timeout")
-SKIPPED_OUTCOMES = ("unsupported", "skipped")
-OUTCOMES = ("pass", *FAILED_OUTCOMES, *SKIPPED_OUTCOMES)
 # What a case shows as in tables and colours: its outcome, except that known failures read
 # "xfail" and expected failures that passed read "stale".
 STATUSES = ("pass", "mismatch", "error", "crash", "timeout", "stale", "xfail", "unsupported", "skipped")
@@ -38,8 +34,6 @@ MISMATCH_COLUMNS = (
     "impl", "case_id", "env", "oracle", "subject", "iteration", "count", "total", "first_index",
     "got", "expected", "detail", "message", "env_key",
 )
-# Fields a `Mismatch` needs; a hand-written or older record may lack some.
-_MISMATCH_DEFAULTS = {"oracle": "?", "subject": "", "iteration": 0, "count": 0, "total": 0}
 
 
 def verdict(outcome: str, expected: bool) -> str:
@@ -86,13 +80,7 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, str, str]:
 
 def mismatches(record: Mapping[str, Any]) -> list[Mismatch]:
     """The record's mismatches as `Mismatch` objects (first_index back to a tuple)."""
-    out = []
-    for m in record.get("mismatches") or []:
-        index = m.get("first_index")
-        fields = {k: v for k, v in m.items() if k in Mismatch.__dataclass_fields__}
-        fields = {**_MISMATCH_DEFAULTS, **fields}
-        out.append(Mismatch(**{**fields, "first_index": tuple(index) if isinstance(index, list) else index}))
-    return out
+    return [Mismatch.from_dict(m) for m in record.get("mismatches") or []]
 
 
 def repro_command(record: Mapping[str, Any]) -> str:

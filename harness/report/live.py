@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
+from ..results import CaseRecord, as_json
 from . import ReportError
 
 
@@ -28,11 +29,11 @@ class LiveResults:
             raise ReportError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         self.count = 0
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: "CaseRecord | dict[str, Any]") -> None:
         """Write `record` as one line and flush it (the report keeps it if the run is killed)."""
         if self._file is None:
             return
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.write(json.dumps(as_json([record])[0], sort_keys=True) + "\n")
         self._file.flush()
         self.count += 1
 

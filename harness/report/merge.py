@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from .env import env_key
-from .frame import FAILED_OUTCOMES, SKIPPED_OUTCOMES, mismatches, record_key, record_verdict, repro_command, text
+from ..results import FAILED_OUTCOMES, SKIPPED_OUTCOMES
+from .frame import (
+    mismatches,
+    record_key,
+    record_verdict,
+    repro_command,
+    text,
+)
 
 UNKNOWN_ENV = {"gpu": "unknown", "host": "unknown"}
 MAX_LISTED = 20  # conflicts and one-sided cases listed by name; the rest are counted

@@ -13,13 +13,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from .env import RNG_APIS, env_key, rng_apis
+from ..results import RNG_APIS
+from .env import env_key, rng_apis
+from ..results import FAILED_OUTCOMES, OUTCOMES, SKIPPED_OUTCOMES
 from .frame import (
-    FAILED_OUTCOMES,
     LISTED_VERDICTS,
-    OUTCOMES,
     SEVERITY,
-    SKIPPED_OUTCOMES,
     STATUSES,
     case_sort_key,
     environments,
