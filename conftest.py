@@ -1,3 +1,3 @@
 """Loads the harness's pytest plugin (options --impl, --device, --report-dir, --expectations)."""
 
-pytest_plugins = ["harness.plugin"]
+pytest_plugins = ["harness.fronts.plugin"]

@@ -25,7 +25,7 @@ def gpu(session: nox.Session) -> None:
     """The full matrix on CUDA (all capture modes), one xdist worker per visible GPU, isolated.
 
     Impls: posargs' --impl, else bundled and torch.  Each worker pins itself to a GPU of its own
-    (harness.gpus) before its first CUDA call; each case runs in a replaceable worker process
+    (harness.fronts.gpus) before its first CUDA call; each case runs in a replaceable worker process
     (--isolate), so an abort or a sticky CUDA error is recorded and the run goes on.
     """
     probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"

@@ -58,7 +58,7 @@ class Device(enum.Enum):
 
 
 class Op(enum.Enum):
-    """The RNG consumers of `harness.ops` (one registry entry each)."""
+    """The RNG consumers of `harness.model.ops` (one registry entry each)."""
 
     NATIVE_DROPOUT = "native_dropout"
     DROPOUT = "dropout"

@@ -51,8 +51,9 @@ ORACLES = ("forward-mask", "recompute-mask", "gradient", "buffer", "live-stream"
 # a test ties the two), then the program's name.
 AXES = ("mode", "layout", "capture", "nesting", "interleave", "device", "op", "dtype", "shape", "passing")
 AXIS_COLUMNS = (*AXES, "program")
+AS_BUILT = "as-built"  # module mode's impl name where the model's own checkpointing is judged
 # The RNG APIs a record's env reports (``rng_apis``: "name=yes, name=no, ..."), in order;
-# "capture-time get_state" is probed, not looked up (`harness.environment`).
+# "capture-time get_state" is probed, not looked up (`harness.run.environment`).
 RNG_APIS = (
     "Generator.graphsafe_get_state",
     "CUDAGraph.register_generator_state",

@@ -5,6 +5,6 @@ cases/corpus.toml."""
 import os
 from pathlib import Path
 
-import harness.corpus
+import harness.model.corpus
 
-harness.corpus.DEFAULT_PATH = Path(os.environ["HARNESS_TEST_CORPUS"])
+harness.model.corpus.DEFAULT_PATH = Path(os.environ["HARNESS_TEST_CORPUS"])

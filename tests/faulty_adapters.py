@@ -10,7 +10,6 @@ import torch
 
 from harness.impls.bundled import BundledAdapter
 
-
 # Lines with long paths, as a failing build or a deprecation warning would print them: a summary of
 # the worker's output must quote them whole.
 NOISE_LINES = 30

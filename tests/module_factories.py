@@ -2,7 +2,7 @@
 
 import torch
 
-from harness.module_mode import ModelCase
+from harness.fronts.module_mode import ModelCase
 
 BUILDS = []
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.cases import parse_case_id
+from harness.check.compare import bitwise_diff
 from harness.checkpoint import core, rng
 from harness.checkpoint.core import checkpoint
 from harness.checkpoint.rng import CaptureStrategyError, StateValues, ValuePolicy
 from harness.checkpoint.stash import RNGStash
-from harness.compare import bitwise_diff
 from harness.impls import load
-from harness.runner import Outcome, run
+from harness.model.cases import parse_case_id
+from harness.run.runner import Outcome, run
 
 P = 0.5
 

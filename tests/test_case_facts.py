@@ -1,13 +1,13 @@
-"""Facts about what a case does (harness/case_facts.py), and expectation entries that name them:
+"""Facts about what a case does (harness/model/case_facts.py), and expectation entries that name them:
 one entry covers a named program and every spec program with the same property."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness import expectations
-from harness.case_facts import facts_of
-from harness.cases import parse_case_id
+from harness.model.case_facts import facts_of
+from harness.model.cases import parse_case_id
+from harness.verdict import expectations
 
 
 def facts(case_id):
@@ -123,7 +123,7 @@ def test_conflicts_are_two_entries_claiming_one_case_with_different_failures(tmp
 
 
 def test_the_expectations_file_has_no_conflicts_on_the_default_matrices():
-    from harness.cases import generate
+    from harness.model.matrix import generate
 
     assert expectations.conflicts(expectations.load(), list(generate())) == []  # cpu and cuda
 
@@ -145,7 +145,7 @@ def test_the_fuzzers_known_forms_are_claimed_by_their_bug(case_id, impl, label):
 
 
 def test_explain_names_the_match_and_why_the_others_miss(capsys):
-    from harness.__main__ import main
+    from harness.fronts.cli import main
 
     assert main(["expectations", "explain", "reentrant-default-eager-list(native_dropout)-none-cpu", "--impl", "torch"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from harness import corpus
-from harness.cases import (
+from harness.model import corpus
+from harness.model.cases import (
     AXES,
     Capture,
     Case,
@@ -17,14 +17,12 @@ from harness.cases import (
     Layout,
     Mode,
     Nesting,
-    generate,
-    PINNED, PINNED_CUDA,
-    covering, structure_covering,
     invalid_reason,
     parse_case_id,
     parse_value,
 )
-from harness.programs import parse_program
+from harness.model.matrix import PINNED, PINNED_CUDA, covering, generate, structure_covering
+from harness.model.spec import parse_program
 
 ID_PATTERN = re.compile(r"^[a-z0-9_.-]+$")
 ALL_CASES = list(generate())

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
+from harness.check.compare import bitwise_diff
 from harness.checkpoint import RNGStatesTracker, checkpoint
-from harness.compare import bitwise_diff
 
 SHAPE = (8, 8)
 SEED = 1234

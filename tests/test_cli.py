@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from expectation_files import EXPECT_ERROR, EXPECT_MISMATCH, EXPECT_STALE, RAISE, expectations_file
 from faulty_adapters import ADAPTER_FAULTS
 
-from harness.__main__ import main
+from harness.fronts.cli import main
 from harness.report import repro_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -362,7 +361,7 @@ def test_an_output_file_in_a_folder_that_does_not_exist_is_made_before_the_work(
 
 def test_bench_with_cases_runs_that_many_and_nothing_else(tmp_path, monkeypatch, capsys):
     # `bench --cases 3` must not time the whole default matrix in a hidden subprocess
-    from harness import bench
+    from harness.fronts import bench
 
     monkeypatch.setattr(bench, "_default_matrix_wall", lambda *a: pytest.fail("the default matrix ran"))
     monkeypatch.setattr(bench, "bare_seconds", lambda case, impl: 0.001)  # the bare rerun is not under test here

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.compare import Mismatch, bitwise_diff, int_view
+from harness.check.compare import Mismatch, bitwise_diff, int_view
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SAME_WIDTH_INT = {
@@ -230,7 +230,7 @@ def test_to_dict_turns_a_tuple_index_into_a_list(two_d_mismatch):
 def test_any_differences_flags_exactly_the_differing_pairs():
     import torch as _t
 
-    from harness.compare import any_differences
+    from harness.check.compare import any_differences
 
     a = _t.tensor([0.0, 1.0])
     pairs = [

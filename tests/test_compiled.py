@@ -1,4 +1,4 @@
-"""Compiled checkpointing (`harness.compiled`, `harness.impls.compiled`), on the CPU with inductor.
+"""Compiled checkpointing (`harness.run.compiled`, `harness.impls.compiled`), on the CPU with inductor.
 
 The compiled impls are judged against the same program compiled without recompute, by outputs,
 gradients, live streams and the dropout pattern.  `torch-compile` (torch.utils.checkpoint inside
@@ -14,11 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import compiled, expectations, impls, runner
-from harness.cases import parse_case_id
-from harness.execution import Target, judged_record
-from harness.records import FORWARD, RECOMPUTE, MaskLog, RunRecord
-from harness.reference import ReferenceCheckError
+from harness import impls
+from harness.check.records import FORWARD, RECOMPUTE, MaskLog, RunRecord
+from harness.check.reference import ReferenceCheckError
+from harness.model.cases import parse_case_id
+from harness.run import compiled, runner
+from harness.run.execution import Target, judged_record
+from harness.verdict import expectations
 
 FLAT = "nonreentrant-default-eager-flat-none-cpu"
 
@@ -86,7 +88,7 @@ def test_a_reference_whose_pattern_is_not_its_masks_is_not_trusted():
 
 
 def test_repro_script_refuses_a_compiled_impl(tmp_path, capsys):
-    from harness.__main__ import main
+    from harness.fronts.cli import main
 
     assert main(["repro", FLAT, "--impl", "torch-compile", "--script", str(tmp_path / "r.py")]) == 2
     assert "--script does not cover compiled impls" in capsys.readouterr().err

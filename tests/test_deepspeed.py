@@ -34,15 +34,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from standin_packages import drop_modules
-from harness import impls, runner
-from harness.cases import Layout, Mode, generate, parse_case_id
+
+from harness import impls
 from harness.impls import deepspeed as deepspeed_mod
-from harness.impls import megatron as megatron_mod
+from harness.impls import packages as packages_mod
 from harness.impls.deepspeed import DeepSpeedAdapter
-from harness.impls.megatron import LazyModule, TrackerView
-from harness.runner import Outcome
+from harness.impls.packages import LazyModule, TrackerView
+from harness.model.cases import Layout, Mode, parse_case_id
+from harness.model.matrix import generate
+from harness.run import runner
+from harness.run.runner import Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 FACTORY = "harness.impls.deepspeed:make_deepspeed"
@@ -537,7 +539,7 @@ def test_the_factory_loads_without_importing_deepspeed(install):
 
 def test_when_deepspeed_does_not_import_every_case_is_unsupported_with_the_error(install, monkeypatch):
     install(BROKEN)
-    monkeypatch.setattr(megatron_mod, "installed_version", lambda *dists: None)  # nor a real one (PackageAdapter)
+    monkeypatch.setattr(packages_mod, "installed_version", lambda *dists: None)  # nor a real one (PackageAdapter)
     adapter = impls.load(FACTORY)
     reason = adapter.unavailable()
     assert reason == ("deepspeed does not import (deepspeed.runtime.activation_checkpointing.checkpointing): "
@@ -574,7 +576,7 @@ def test_the_version_is_read_without_importing_and_else_from_the_module(install,
     install(STANDIN)
     adapter = impls.load(FACTORY)
     assert adapter.version == "0.19.8+standin" and "deepspeed" not in sys.modules  # the metadata
-    monkeypatch.setattr(megatron_mod, "installed_version", lambda *dists: None)  # no dist-info (PackageAdapter)
+    monkeypatch.setattr(packages_mod, "installed_version", lambda *dists: None)  # no dist-info (PackageAdapter)
     assert adapter.version == "0.19.8+checkout"  # the module's __version__
 
 

@@ -6,10 +6,10 @@ import random
 
 import torch
 
-from harness.cases import generate
 from harness.impls import load
-from harness.programs import Program
-from harness.runner import run
+from harness.model.matrix import generate
+from harness.model.programs import Program
+from harness.run.runner import run
 
 IMPLS = ("bundled", "torch", "neg-no-restore", "neg-live-handles")
 # The first matrix's programs plus one small program of each new op (the order and isolation

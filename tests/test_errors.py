@@ -8,14 +8,14 @@ import inspect
 import pkgutil
 
 import harness
-from harness.__main__ import main
 from harness.errors import HarnessError, UsageError
+from harness.fronts.cli import main
 
 # Outside on purpose (harness.errors says why): the bundled checkpoint is a library of its own; the
 # fuzzer's Found is control flow inside Hypothesis; stops.Terminated is SIGTERM as a
 # KeyboardInterrupt, which `except Exception` in code under test must not catch.
 OUTSIDE = ("harness.checkpoint",)
-CONTROL_FLOW = {"harness.fuzz.Found", "harness.stops.Terminated"}
+CONTROL_FLOW = {"harness.fronts.fuzz.Found", "harness.run.stops.Terminated"}
 
 
 def harness_exception_classes() -> dict[str, type]:
@@ -40,9 +40,9 @@ def test_every_error_class_of_the_harness_derives_from_one_base():
 def test_every_bad_input_class_is_a_usage_error_and_a_value_error_as_before():
     classes = harness_exception_classes()
     usage = {name for name, cls in classes.items() if issubclass(cls, UsageError)}
-    for name in ("harness.cases.CaseError", "harness.programs.ProgramError", "harness.impls.ImplError",
-                 "harness.shards.ShardError", "harness.expectations.ExpectationError",
-                 "harness.module_mode.ModuleError", "harness.corpus.CorpusError", "harness.report.ReportError"):
+    for name in ("harness.model.cases.CaseError", "harness.model.programs.ProgramError", "harness.impls.ImplError",
+                 "harness.model.shards.ShardError", "harness.verdict.expectations.ExpectationError",
+                 "harness.fronts.module_mode.ModuleError", "harness.model.corpus.CorpusError", "harness.report.ReportError"):
         assert name in usage, name
     assert all(issubclass(classes[name], ValueError) for name in usage)
 

@@ -5,11 +5,11 @@ cells of impls that must support everything)."""
 from __future__ import annotations
 
 import pytest
-
-from harness import expectations
-from harness.expectations import Expectation, judge
-
 from test_negative_controls import CPU_CASES, EXPECTED, EXPECTED_MISMATCH, oracles, results
+
+from harness import impls
+from harness.verdict import expectations
+from harness.verdict.expectations import Expectation, judge
 
 
 @pytest.mark.parametrize("impl", sorted(EXPECTED_MISMATCH))
@@ -34,7 +34,7 @@ def test_every_cpu_result_is_judged_pass_or_xfail_under_the_file(impl):
 
 
 def test_every_entry_matches_some_case_and_names_a_known_impl():
-    assert expectations.entry_problems(expectations.load()) == []
+    assert expectations.entry_problems(expectations.load(), impls.registered()) == []
 
 
 def test_entry_problems_name_unknown_impls_and_dead_patterns(tmp_path):
@@ -42,7 +42,7 @@ def test_entry_problems_name_unknown_impls_and_dead_patterns(tmp_path):
     path.write_text('[[expect]]\nimpl = "torhc"\ncases = ["*"]\nreason = "r"\n'
                     '[[expect]]\nimpl = "torch"\ncases = ["*-nosuchlayout-*"]\nreason = "r"\n'
                     '[[expect]]\nimpl = "mypkg.adapter:factory"\ncases = ["*"]\nreason = "r"\n')
-    assert expectations.entry_problems(expectations.load(path)) == [
+    assert expectations.entry_problems(expectations.load(path), impls.registered()) == [
         "impl matches no known implementation: torhc: *",
         "cases match no case: torch: *-nosuchlayout-*",
     ]
@@ -125,7 +125,7 @@ def test_an_entry_may_name_several_impls(tmp_path):
     entries = expectations.load(path)
     assert [e.impl for e in entries] == ["torch", "bundled"]
     assert expectations.find(entries, "bundled", "reentrant-tracked-eager-flat-none-cpu") is entries[1]
-    assert expectations.entry_problems(entries) == []
+    assert expectations.entry_problems(entries, impls.registered()) == []
 
 
 def test_a_pass_entry_shadows_broader_entries_and_expects_a_pass(tmp_path):
@@ -153,9 +153,10 @@ def test_a_pass_entry_takes_neither_oracles_nor_a_message(tmp_path):
 
 
 def test_a_record_under_a_pass_entry_expects_no_failure():
-    from harness import impls, runner
-    from harness.cases import parse_case_id
-    from harness.execution import Target, judged_record
+    from harness import impls
+    from harness.model.cases import parse_case_id
+    from harness.run import runner
+    from harness.run.execution import Target, judged_record
 
     case = parse_case_id("nonreentrant-tracked-eager-(dropout_p0)-none-cpu")
     record = judged_record(runner.run(case, impls.load("torch")), Target("torch", impls.load("torch")),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import expectations
-from harness.expectations import Expectation, ExpectationError, find, version_in
+from harness.verdict import expectations
+from harness.verdict.expectations import Expectation, ExpectationError, find, version_in
 
 CASE = "reentrant-tracked-eager-flat-none-cuda"
 

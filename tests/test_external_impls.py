@@ -39,17 +39,20 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from standin_packages import drop_modules
-from harness import impls, runner
-from harness.workload import OTHER_TRACKED_STREAMS, TRACKED_STREAM
-from harness.cases import Layout, Mode, generate, parse_case_id
-from harness.compare import int_view
+
+from harness import impls
+from harness.check.compare import int_view
 from harness.impls import megatron as megatron_mod
 from harness.impls import transformer_engine as te_mod
-from harness.impls.megatron import LazyModule, MegatronAdapter, TrackerView
+from harness.impls.megatron import MegatronAdapter
+from harness.impls.packages import LazyModule, TrackerView
 from harness.impls.transformer_engine import TransformerEngineAdapter
-from harness.runner import Outcome
+from harness.model.cases import Layout, Mode, parse_case_id
+from harness.model.matrix import generate
+from harness.run import runner
+from harness.run.runner import Outcome
+from harness.run.workload import OTHER_TRACKED_STREAMS, TRACKED_STREAM
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_CASES = tuple(generate(device="cpu", program="flat,nested,siblings"))  # the first matrix

@@ -12,13 +12,14 @@ from __future__ import annotations
 import py_compile
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from harness import expectations
-from harness.cases import generate, parse_case_id
+from harness.model.cases import parse_case_id
+from harness.model.matrix import generate
+from harness.verdict import expectations
 
 FINDINGS = Path(__file__).resolve().parents[1] / "findings"
 FILES = sorted(path for path in FINDINGS.glob("*.md") if path.name != "README.md")

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness import corpus, expectations, fuzz
-from harness.__main__ import main
-from harness.cases import CaseError, Device, generate, parse_case_id
-from harness.execution import load_targets
+from harness.fronts import fuzz
+from harness.fronts.cli import main
+from harness.model import corpus
+from harness.model.cases import CaseError, Device, parse_case_id
+from harness.model.matrix import generate
+from harness.run.execution import load_targets
+from harness.verdict import expectations
 
 ENTRIES = expectations.load()
 SEED = 20261203

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import gpus, shards
-from harness.cases import generate
+from harness.fronts import gpus
 from harness.impls import BUILTIN
+from harness.model import shards
+from harness.model.matrix import generate
 
 
 def test_visible_gpus_follow_cuda_visible_devices():
@@ -31,7 +32,7 @@ def test_a_restarted_worker_takes_the_gpu_its_dead_predecessor_freed(tmp_path):
     # gw0 and gw1 hold GPUs 4 and 6 in processes of their own; gw1 dies; xdist's replacement gets
     # a new id (gw2, which would prefer GPU 4, held) and must land on the freed GPU 6.
     script = (
-        "import sys, time; from pathlib import Path; from harness import gpus; "
+        "import sys, time; from pathlib import Path; from harness.fronts import gpus; "
         "print(gpus.claim_gpu(int(sys.argv[1]), ['4', '6'], Path(sys.argv[2])), flush=True); time.sleep(60)"
     )
 
@@ -56,7 +57,7 @@ def test_index_preference_yields_to_a_free_gpu(tmp_path):
     first = gpus.claim_gpu(1, ["4", "6"], tmp_path)  # gw1 takes 6 in this process
     other = subprocess.run(
         [sys.executable, "-c",
-         f"from pathlib import Path; from harness import gpus; print(gpus.claim_gpu(3, ['4','6'], Path({str(tmp_path)!r})))"],
+         f"from pathlib import Path; from harness.fronts import gpus; print(gpus.claim_gpu(3, ['4','6'], Path({str(tmp_path)!r})))"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert first == ("6", True)
@@ -67,7 +68,7 @@ def test_more_workers_than_gpus_share_round_robin(tmp_path):
     gpus.claim_gpu(0, ["0"], tmp_path)
     out = subprocess.run(
         [sys.executable, "-c",
-         f"from pathlib import Path; from harness import gpus; print(gpus.claim_gpu(1, ['0'], Path({str(tmp_path)!r})))"],
+         f"from pathlib import Path; from harness.fronts import gpus; print(gpus.claim_gpu(1, ['0'], Path({str(tmp_path)!r})))"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert out == "('0', False)"
@@ -98,7 +99,7 @@ def test_shards_partition_the_matrix(count):
 def test_shards_do_not_depend_on_order_or_process():
     keys = [("bundled", case.id) for case in generate()]
     here = [shards.shard_of(f"{i}-{c}", 4) for i, c in keys]
-    code = ("from harness import shards; from harness.cases import generate; "
+    code = ("from harness.model import shards; from harness.model.matrix import generate; "
             "print([shards.shard_of('bundled-' + c.id, 4) for c in reversed(list(generate()))])")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin"}, cwd=Path(__file__).parent.parent).stdout

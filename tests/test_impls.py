@@ -10,12 +10,13 @@ import textwrap
 import pytest
 import torch
 
-from harness import impls, runner
-from harness.cases import parse_case_id
+from harness import impls
 from harness.impls import BUILTIN, NEGATIVE_CONTROLS, ImplError, load, parse_impl_names
 from harness.impls.base import Adapter
 from harness.impls.bundled import BundledAdapter
-from harness.runner import Outcome
+from harness.model.cases import parse_case_id
+from harness.run import runner
+from harness.run.runner import Outcome
 
 CASE = parse_case_id("nonreentrant-mixed-eager-nested-draws-cpu")
 
@@ -317,3 +318,26 @@ def test_parse_impl_names_keeps_paths_intact():
 
 def test_registered_includes_every_builtin():
     assert set(BUILTIN) <= set(impls.registered())
+
+
+def test_bundled_counts_an_sdpa_auto_site_in_a_region_as_the_backend_torch_picks(monkeypatch):
+    """sdpa_auto under capture: the bundled limit of the backend torch picks applies (the fuzzer's
+    H200 crash, cases/corpus.toml); a site outside every region is no checkpoint's business, and
+    the probe is asked about the dtypes of the sites inside regions only."""
+    import torch
+
+    from harness.impls import bundled
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "zeros", lambda shape, device, dtype: asked.append((shape, dtype)) or "q")
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, k, v: int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
+                        raising=False)
+    inside = parse_case_id("reentrant-default-single-(native_dropout+sdpa_auto.bf16)-none-cuda")
+    assert bundled.auto_backends(inside) == {"cudnn"} and asked == [((1, 1, 64, 64), torch.bfloat16)]
+    reason = bundled.BundledAdapter().limit(inside)
+    assert reason and "cuDNN attention" in reason and "sdpa_auto: torch picks cudnn attention for it here" in reason
+    outside = parse_case_id("reentrant-default-single-(native_dropout)+sdpa_auto-none-cuda")
+    assert bundled.auto_backends(outside) == set() and bundled.BundledAdapter().limit(outside) is None
+    eager = parse_case_id("reentrant-default-eager-(native_dropout+sdpa_auto.bf16)-none-cuda")
+    assert bundled.BundledAdapter().limit(eager) is None  # the limits are about capture

@@ -17,7 +17,6 @@ import sys
 import threading
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "reentrant-default-eager-flat-none-cpu"
 HANG = "faulty_adapters:make_hang"

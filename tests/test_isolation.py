@@ -16,9 +16,15 @@ from pathlib import Path
 import faulty_adapters
 import pytest
 
-from harness.cases import parse_case_id
-from harness.isolation import FATAL_LINES, LAST_LINES, SUMMARY_CHARS, CaseWorker, summarize_output
-from harness.runner import Outcome
+from harness.model.cases import parse_case_id
+from harness.run.isolation import (
+    FATAL_LINES,
+    LAST_LINES,
+    SUMMARY_CHARS,
+    CaseWorker,
+    summarize_output,
+)
+from harness.run.runner import Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = parse_case_id("reentrant-tracked-eager-flat-none-cpu")
@@ -186,7 +192,7 @@ def test_a_worker_imports_the_code_under_test_before_its_first_case():
     # Which copy of a shared library a process keeps depends on who loads it first (seen on the
     # H200: TransformerEngine no longer imported in a worker whose first cases touched cuDNN), so
     # a worker asks the adapter for `unavailable()` (the import) as soon as it loads it.
-    from harness.isolation import _load_code_under_test
+    from harness.run.isolation import _load_code_under_test
 
     calls = []
 

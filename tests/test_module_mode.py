@@ -1,4 +1,4 @@
-"""`python -m harness module`: your own model under test (harness/module_mode.py), on the CPU.
+"""`python -m harness module`: your own model under test (harness/fronts/module_mode.py), on the CPU.
 
 The examples under examples/ pass under `bundled` and `torch` and fail under a negative control,
 with the first divergent RNG draw named; bad input is one line and exit status 2.
@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from harness import impls
-from harness.__main__ import main
-from harness.cases import Capture, Mode
+from harness.fronts.cli import main
+from harness.fronts.module_mode import AsBuilt, ModuleError, run_module
+from harness.fronts.module_report import summary
 from harness.impls.base import Adapter
 from harness.impls.bundled import BundledAdapter
-from harness.module_mode import AsBuilt, ModuleError, run_module
-from harness.module_report import summary
+from harness.model.cases import Capture, Mode
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("examples.mlp:factory", "examples.transformer_layer:factory")
@@ -244,8 +244,8 @@ def test_draws_a_checkpoint_hands_back_from_a_stash_are_seen_in_the_recompute():
 
 
 def test_backward_kernels_are_not_draws_and_dropout_is_recorded_by_its_mask():
-    from harness.draws import DrawLog, rng_output
-    from harness.records import FORWARD, RECOMPUTE, MaskLog
+    from harness.check.records import FORWARD, RECOMPUTE, MaskLog
+    from harness.run.draws import DrawLog, rng_output
 
     log, stack = MaskLog(), []
     log.start(0)
@@ -267,7 +267,7 @@ def test_backward_kernels_are_not_draws_and_dropout_is_recorded_by_its_mask():
 def test_fused_attention_draws_are_recorded_by_their_philox_seed_and_offset():
     from types import SimpleNamespace
 
-    from harness.draws import rng_output
+    from harness.run.draws import rng_output
 
     returns = [SimpleNamespace(name=n) for n in ("output", "log_sumexp", "philox_seed", "philox_offset")]
     func = SimpleNamespace(_schema=SimpleNamespace(returns=returns))
@@ -298,14 +298,14 @@ def test_a_recompute_stopped_early_leaves_no_submodule_path_behind():
 ])
 def test_wrap_patterns_match_whole_path_components(pattern, paths):
     from examples.own_checkpointing import factory
-    from harness.module_mode import wrapped_paths
+    from harness.fronts.module_mode import wrapped_paths
 
     assert wrapped_paths(factory().module, [pattern]) == paths
 
 
 def test_the_count_is_draws_per_forward_at_sites():
     # Layer drop draws torch.rand([]) four times under one path: more draws than sites.
-    from harness.module_report import summary as text
+    from harness.fronts.module_report import summary as text
 
     result = run_module("examples.stochastic_depth:layer_drop", impls.load("bundled"), wrap=["layers.*"])
     # Iteration 0: the four rand draws and the dropouts of layers 1 and 3; sites: the rand and the
@@ -321,15 +321,15 @@ def test_the_count_is_draws_per_forward_at_sites():
 def test_drop_path_at_a_small_batch_is_not_stale_rng():
     # The second block's per-sample mask (batch 4) is all ones in both iterations, in the
     # reference too: chance, not stale RNG.  Before, every correct checkpoint failed it.
-    from harness.records import FORWARD
+    from harness.check.records import FORWARD
 
     session_masks = []
     for impl in ("bundled", "torch", "torch-sac-recompute"):
         result = run_module("examples.stochastic_depth:drop_path", impls.load(impl), wrap=["blocks.*"])
         assert result.passed, (impl, [m.message() for m in result.mismatches[:3]])
     # The repeat really is in the model: the reference drew the same mask twice.
-    from harness.module_mode import build, load_factory, new_tracker, ModuleSession
-    from harness.capture import execute
+    from harness.fronts.module_mode import ModuleSession, build, load_factory, new_tracker
+    from harness.run.capture import execute
 
     dev = torch.device("cpu")
     tracker = new_tracker(impls.load("bundled"), dev)
@@ -408,9 +408,9 @@ def test_an_impls_declared_limit_is_unsupported_with_its_reason(capsys):
 
 
 def test_the_case_an_impl_is_asked_about_says_what_the_model_drew():
+    from harness.fronts.module_mode import module_case
     from harness.impls.bundled import BundledAdapter
-    from harness.module_mode import module_case
-    from harness.programs import Op, Passing
+    from harness.model.programs import Op, Passing
 
     draws = ["layers.0.self_attn (aten::_scaled_dot_product_efficient_attention)", "drop (aten::native_dropout)",
              "<module> (aten::rand)", "x (aten::something_else)"]

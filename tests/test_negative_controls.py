@@ -14,12 +14,14 @@ from typing import Callable
 
 import pytest
 
-from harness import cases, impls, runner
-from harness.cases import Case, Interleave, Layout, Nesting
-from harness.runner import CaseResult, Outcome
-from harness.workload import case_streams
+from harness import impls
+from harness.model import cases, matrix
+from harness.model.cases import Case, Interleave, Layout, Nesting
+from harness.run import runner
+from harness.run.runner import CaseResult, Outcome
+from harness.run.workload import case_streams
 
-CPU_CASES = tuple(cases.generate(device="cpu", program="flat,nested,siblings"))
+CPU_CASES = tuple(matrix.generate(device="cpu", program="flat,nested,siblings"))
 
 TRACKER_LAYOUTS = (Layout.TRACKED, Layout.MIXED, Layout.SHARED)
 EVERY_ORACLE_OF_A_SKIPPED_REWIND = {"forward-mask", "recompute-mask", "gradient", "live-stream", "output"}

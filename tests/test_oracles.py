@@ -1,4 +1,4 @@
-"""Every oracle (`harness.oracles`) can fail: synthetic run records, no checkpoint, no runner.
+"""Every oracle (`harness.check.oracles`) can fail: synthetic run records, no checkpoint, no runner.
 
 `make_pair` builds a reference and a checkpointed `RunRecord` by hand (sites s0 and s1, outputs
 r0 and loss, two iterations) that pass every oracle.  Each test breaks one thing in that pair and
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.compare import Mismatch
-from harness.oracles import (
+from harness.check.compare import Mismatch
+from harness.check.oracles import (
     ORACLES,
     Checks,
     RunRecord,
@@ -28,8 +28,8 @@ from harness.oracles import (
     outputs,
     recompute_masks,
 )
-from harness.streams import StreamSnapshot, describe_state
-from harness.records import CAPTURE, FORWARD, LOSS, RECOMPUTE, MaskLog
+from harness.check.records import CAPTURE, FORWARD, LOSS, RECOMPUTE, MaskLog
+from harness.check.streams import StreamSnapshot, describe_state
 
 SITES = ["s0", "s1"]
 OUTPUTS = ["r0", LOSS]
@@ -104,7 +104,7 @@ def make_record(checkpointed: bool) -> RunRecord:
     return record
 
 
-# The ambient state a run read at each point (a few pieces of `harness.ambient.snapshot`).
+# The ambient state a run read at each point (a few pieces of `harness.run.ambient.snapshot`).
 AMBIENT = {"sdpa flash enabled": True, "sdpa math enabled": True, "default dtype": torch.float32,
            "autocast cpu enabled": False}
 AMBIENT_POINTS = ("after r0 forward", "in backward, after r0's recompute", "after backward")
@@ -423,7 +423,7 @@ def test_fresh_randomness_a_random_scalar_repeated_in_both_runs_is_stale():
 
 
 def test_repeat_chance():
-    from harness.compare import repeat_chance
+    from harness.check.compare import repeat_chance
 
     ones = torch.ones(4)
     assert repeat_chance(ones, ones) == 1.0

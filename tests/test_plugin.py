@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from expectation_files import EXPECT_ERROR, EXPECT_MISMATCH, EXPECT_STALE, RAISE, expectations_file
 from faulty_adapters import ADAPTER_FAULTS
 

@@ -6,16 +6,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import impls, ops, runner
-from harness.cases import (
-    STRUCTURE_ONLY, Capture, CaseError, Device, Layout, Mode, case_pairs, covering, generate, parse_case_id,
-    required_pairs,
+from harness import impls
+from harness.model import ops
+from harness.model.cases import Capture, CaseError, Device, Layout, Mode, parse_case_id
+from harness.model.matrix import STRUCTURE_ONLY, case_pairs, covering, generate, required_pairs
+from harness.model.programs import (
+    FACTORS,
+    SDPA_OPS,
+    Nesting,
+    Op,
+    Passing,
+    Program,
+    ProgramError,
+    Region,
+    every_program,
 )
-from harness.programs import (
-    FACTORS, SDPA_OPS, Nesting, Op, Passing, Program, ProgramError, Region, every_program, parse_program,
-)
-from harness.runner import Outcome
-
+from harness.model.spec import parse_program
+from harness.run import runner
+from harness.run.runner import Outcome
 
 # --- names and trees ------------------------------------------------------------------------------
 
@@ -260,8 +268,8 @@ def test_reentrant_regions_that_regroup_a_fan_in_are_invalid_and_why():
     # input, three or more terms are added in another grouping.  Forced to run anyway, every
     # reentrant checkpoint (bundled's and torch's) differs there in gradient bits only, masks
     # and streams equal: float rounding, which no bit-exact oracle can judge.
-    from harness.cases import Capture, Case, Interleave, invalid_reason
-    from harness.spec import parse_spec
+    from harness.model.cases import Capture, Case, Interleave, invalid_reason
+    from harness.model.spec import parse_spec
 
     program = parse_spec("(native_dropout&native_dropout)&native_dropout")
     forced = Case(Mode.REENTRANT, Layout.DEFAULT, Capture.EAGER, program, Interleave.NONE, Device.CPU)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness import impls
-from harness.cases import Mode
-from harness.module_mode import AsBuilt, run_module
+from harness.fronts.module_mode import AsBuilt, run_module
+from harness.model.cases import Mode
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("transformers", reason="transformers is in the test extra: pip install -e '.[test]'")

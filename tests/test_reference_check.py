@@ -1,4 +1,4 @@
-"""The reference run is checked before it is trusted (`harness.reference`), on synthetic records.
+"""The reference run is checked before it is trusted (`harness.check.reference`), on synthetic records.
 
 `check_reference` passes a reference that drew the way its case says, and raises a
 `ReferenceCheckError` naming the impl when a tracked site did not switch streams (or also moved
@@ -15,11 +15,11 @@ import re
 import pytest
 import torch
 
-from harness.cases import parse_case_id
-from harness.records import FORWARD, MaskLog, RunRecord
-from harness.reference import ReferenceCheckError, check_reference
-from harness.runner import NotReproducible, require_reproducible
-from harness.streams import StreamSnapshot
+from harness.check.records import FORWARD, MaskLog, RunRecord
+from harness.check.reference import ReferenceCheckError, check_reference
+from harness.check.streams import StreamSnapshot
+from harness.model.cases import parse_case_id
+from harness.run.runner import NotReproducible, require_reproducible
 
 SITE_STREAMS = {"s0": None, "s1": "tp"}  # s0 on the default generator, s1 on tracker stream tp
 ITERATIONS = 2

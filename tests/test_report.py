@@ -8,16 +8,18 @@ import re
 
 import pytest
 
-from harness import expectations, impls, report
-from harness.cases import generate, parse_case_id
-from harness import environment as harness_environment
-from harness.environment import environment
-from harness.results import RNG_APIS
+from harness import impls, report
+from harness.model.cases import parse_case_id
+from harness.model.matrix import generate
 from harness.report import env as report_env
 from harness.report import html as report_html
 from harness.report import model as report_model
 from harness.report.markdown import md_escape
-from harness.runner import run
+from harness.results import RNG_APIS
+from harness.run import environment as harness_environment
+from harness.run.environment import environment
+from harness.run.runner import run
+from harness.verdict import expectations
 
 ENV_A = {"host": "ci-a", "python": "3.12", "torch": "2.11.0", "cuda": "13.0", "gpu": "NVIDIA H100 (sm_90) x1",
          "rng_apis": "Generator.graphsafe_get_state=yes, CUDAGraph.register_generator_state=yes, "
@@ -129,7 +131,7 @@ def test_summary_escapes_pipes_so_tables_keep_their_shape():
 def test_stale_entries_and_unmatched_expectations_are_prominent(tmp_path):
     records = [rec(outcome="pass", expected="torch never saves tracker streams"), rec(impl="torch")]
     entries = [expectations.Expectation("torch", ("*-nosuchlayout-*",), "dead entry")]
-    report.write(records, tmp_path / "r", unmatched=expectations.entry_problems(entries), step_summary=False)
+    report.write(records, tmp_path / "r", unmatched=expectations.entry_problems(entries, impls.registered()), step_summary=False)
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert "### ⚠ Stale expectations: 1" in summary and "torch never saves tracker streams" in summary
     assert "### ⚠ Expectation problems: 1" in summary and "*-nosuchlayout-*" in summary

@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_report import ENV_A, ENV_B, MISMATCH, rec
 
 from harness import report, results
-from harness.__main__ import main
-
-from test_report import ENV_A, ENV_B, MISMATCH, rec
+from harness.fronts.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = ["reentrant-default-eager-flat-none-cpu", "reentrant-tracked-eager-flat-none-cpu",

@@ -6,15 +6,14 @@ import json
 import re
 
 import pandas as pd
+from test_report import rec
 
 from harness import report
+from harness.fronts.cli import main
 from harness.report import html as report_html
 from harness.report import markdown as report_markdown
 from harness.report import merge as report_merge
 from harness.report import model as report_model
-from harness.__main__ import main
-
-from test_report import rec
 
 IMPORT_ERROR = "ImportError: No module named 'megatron'"
 IDS = ["reentrant-default-eager-flat-none-cpu", "reentrant-tracked-eager-flat-none-cpu",

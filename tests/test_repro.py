@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import timeline
-from harness.__main__ import main
-from harness.cases import parse_case_id
+from harness.fronts import timeline
+from harness.fronts.cli import main
+from harness.fronts.repro_script import render
 from harness.impls import load
-from harness.repro_script import render
-from harness.runner import run
+from harness.model.cases import parse_case_id
+from harness.run.runner import run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,7 +135,7 @@ def test_the_script_checks_the_reference_as_the_harness_does(tmp_path, impl, cas
 
 def _template_namespace() -> dict:
     """The standalone script's template as a module (its main() only runs as __main__)."""
-    source = (Path(__file__).parents[1] / "harness" / "repro_template.py").read_text()
+    source = (Path(__file__).parents[1] / "harness" / "fronts" / "repro_template.py").read_text()
     namespace: dict = {"__name__": "repro_template"}
     exec(compile(source, "repro_template.py", "exec"), namespace)  # noqa: S102 - our own file
     return namespace
@@ -146,9 +146,9 @@ def test_the_scripts_op_table_is_the_registry_op_for_op():
     # pass on exactly what the harness's registry entry does, or a script would reproduce another case.
     import torch
 
-    from harness import ops
-    from harness.compare import int_view
-    from harness.programs import NO_DRAW_OPS, SDPA_OPS, Op
+    from harness.check.compare import int_view
+    from harness.model import ops
+    from harness.model.programs import NO_DRAW_OPS, SDPA_OPS, Op
 
     template = _template_namespace()
     assert template["P"] == ops.DROPOUT_P

@@ -75,8 +75,8 @@ def test_the_vocabulary_is_one_and_agrees_with_the_model():
     assert results.AXES == tuple(axes.AXES)
     assert set(results.OUTCOMES) == {o.value for o in Outcome}
     assert set(results.VERDICTS) == {v.value for v in Verdict}
-    from harness.cases import AXES as case_axes
-    from harness.expectations import OUTCOMES as entry_outcomes
+    from harness.model.cases import AXES as case_axes
+    from harness.verdict.expectations import OUTCOMES as entry_outcomes
 
     assert case_axes is axes.AXES
     assert set(entry_outcomes) == {"pass", *results.FAILED_OUTCOMES}

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness import impls, runner
-from harness.cases import parse_case_id
-from harness.runner import Outcome
+from harness import impls
+from harness.model.cases import parse_case_id
+from harness.run import runner
+from harness.run.runner import Outcome
 
 
 def run(impl: str, case_id: str) -> runner.CaseResult:

@@ -1,20 +1,21 @@
-"""Program specs (`harness.spec`): they round-trip, named programs have one that runs the same, bad
+"""Program specs (`harness.model.spec`): they round-trip, named programs have one that runs the same, bad
 ones are one line, and the case rules read every site and region of a spec program."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
-from harness import fuzz, oracles
-from harness.cases import CaseError, Device, generate, parse_case_id
-from harness.programs import Dtype, Op, Passing, ProgramError, Shape, parse_program
-from harness.runner import _execute
-from harness.spec import SpecProgram, format_spec, parse_spec
-from harness.workload import Tensors
+from harness.check import oracles
+from harness.fronts import fuzz
 from harness.impls import load
-
-import torch
+from harness.model.cases import CaseError, Device, parse_case_id
+from harness.model.matrix import generate
+from harness.model.programs import Dtype, Op, Passing, ProgramError, Shape, format_spec
+from harness.model.spec import SpecProgram, parse_program, parse_spec
+from harness.run.runner import _execute
+from harness.run.workload import Tensors
 
 EXAMPLE = "bf16.odd.x3:list(rand@t+dropout.f32+keyword(randn@a))+bernoulli_@b+autocast(uniform_)"
 
@@ -136,7 +137,7 @@ def test_a_spec_program_lacks_the_factors_it_varies():
 
 
 def test_a_spec_nested_too_deep_is_one_line_not_a_recursion_error():
-    from harness.spec import MAX_DEPTH
+    from harness.model.spec import MAX_DEPTH
 
     assert parse_spec("(" * MAX_DEPTH + "rand" + ")" * MAX_DEPTH)
     with pytest.raises(ProgramError, match=f"regions nested more than {MAX_DEPTH} deep"):

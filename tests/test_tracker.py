@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.check.streams import compare_streams
 from harness.checkpoint import RNGStatesTracker, TrackerError
-from harness.streams import alias_groups, compare_streams, preserved_global_rng, snapshot_streams
+from harness.run.streams import alias_groups, preserved_global_rng, snapshot_streams
 
 
 @pytest.fixture(autouse=True)
@@ -305,8 +306,8 @@ def test_compare_streams_reports_a_missing_stream():
 
 def test_tracked_layouts_carry_megatrons_other_stream_names():
     from harness.checkpoint import RNGStatesTracker
-    from harness.cases import Layout
-    from harness.workload import OTHER_TRACKED_STREAMS, TRACKED_STREAM, make_tracker_streams
+    from harness.model.cases import Layout
+    from harness.run.workload import OTHER_TRACKED_STREAMS, TRACKED_STREAM, make_tracker_streams
 
     for layout, names in ((Layout.TRACKED, [TRACKED_STREAM, *OTHER_TRACKED_STREAMS]),
                           (Layout.MIXED, [TRACKED_STREAM, *OTHER_TRACKED_STREAMS]),

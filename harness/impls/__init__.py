@@ -1,8 +1,8 @@
 """Finding implementations under test by name.
 
-A name is looked up in the entry-point group ``harness.implementations`` (where the shipped impls
-are registered too, with a built-in fallback when the package runs from a source tree), or given
-as an import path ``package.module:factory``.  A factory returns an `Adapter`.
+A name is one of the shipped impls (`BUILTIN`, the one list of them), one a third-party package
+registers in the entry-point group ``harness.implementations``, or an import path
+``package.module:factory``.  A factory returns an `Adapter`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class ImplError(UsageError):
 
 
 def registered() -> dict[str, str]:
-    """Name -> 'module:factory' for every known implementation (entry points override built-ins)."""
+    """Name -> 'module:factory' for every known implementation: the shipped ones (`BUILTIN`) and
+    those of installed packages' entry points (which may override a shipped name)."""
     names = dict(BUILTIN)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         names[ep.name] = ep.value

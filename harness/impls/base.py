@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..cases import Case
 from ..checkpoint import RNGStatesTracker
+from ..model.cases import Case
 
 
 class Adapter:
@@ -25,7 +25,7 @@ class Adapter:
     #: unsupported cell is then a failure, not a declaration.
     must_support_all: bool = False
     #: True for impls that give the runner ``compile(fn)`` and run the whole program under
-    #: torch.compile (`harness.compiled`, `harness.impls.compiled`) instead of `checkpoint` calls.
+    #: torch.compile (`harness.run.compiled`, `harness.impls.compiled`) instead of `checkpoint` calls.
     compiled: bool = False
 
     @property

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from .. import __version__
 from ..checkpoint import checkpoint
 from ..checkpoint.rng import RNGPolicy, ValuePolicy
+from ..model.programs import ATTENTION_VIEWS, TORCH_DTYPES
 from .base import Adapter
 
 
@@ -27,30 +30,67 @@ class BundledAdapter(Adapter):
 
     def limit(self, case: Any) -> str | None:
         """The cases the bundled checkpoint is known not to handle, with why (declared, counted
-        and listed as unsupported in every report; never silently passed)."""
-        efficient = "sdpa_efficient" in {op.value for op in case.program.ops()}
+        and listed as unsupported in every report; never silently passed).  An ``sdpa_auto``
+        site counts as the backend torch picks for it on this machine (`auto_backends`)."""
+        if case.capture.value == "eager":
+            return None
+        auto = auto_backends(case)
+        why = f" (sdpa_auto: torch picks {', '.join(sorted(auto))} attention for it here)" if auto else ""
+        return self._limit(case, auto, why)
+
+    def _limit(self, case: Any, auto: set[str], why: str) -> str | None:
+        efficient = "sdpa_efficient" in {op.value for op in case.program.ops()} or "efficient" in auto
         if efficient and case.capture.value == "separate":
             return ("the stash capture strategy hands memory-efficient attention's forward outputs "
                     "(log-sum-exp, Philox seed and offset) to a separate backward graph, which is not "
                     "sound there (seen on an H200, torch 2.11: 'LSE is not correctly aligned (strideH)' "
-                    "and an illegal memory access)")
+                    "and an illegal memory access)" + why)
         if efficient and case.capture.value == "single":
             return ("the stash capture strategy is not sound for memory-efficient attention in one CUDA "
                     "graph either: the fuzzer's smallest case, one region of one f32 efficient-attention "
                     "site, ends in an illegal memory access on an H200 (torch 2.11), where torch's own "
-                    "checkpoint passes it (cases/corpus.toml)")
-        cudnn = "sdpa_cudnn" in {op.value for op in case.program.ops()}
+                    "checkpoint passes it (cases/corpus.toml)" + why)
+        cudnn = "sdpa_cudnn" in {op.value for op in case.program.ops()} or "cudnn" in auto
         if cudnn and case.capture.value in ("single", "separate") and case.mode.value == "reentrant":
             return ("the stash capture strategy is not sound for cuDNN attention under CUDA-graph capture in "
                     "reentrant mode: on an H200 (torch 2.11) every one of 144 cells of the full matrix's "
                     "reentrant flat cuDNN slice (separate and single capture; default, tracked and untracked "
                     "layouts; positional, keyword and sdpa_kernel passing) gives wrong gradients with the "
                     "masks right, where torch's own checkpoint passes every untracked and default one; the "
-                    "non-reentrant cuDNN cells under capture pass")
+                    "non-reentrant cuDNN cells under capture pass" + why)
         return None
 
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         return checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, policy=self.policy, **kwargs)
+
+
+# torch.nn.attention.SDPBackend values -> the names the limits use.
+_BACKENDS = {"EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash",
+             "MATH": "math"}
+
+
+def auto_backends(case: Any) -> set[str]:
+    """The attention backends torch picks for the ``sdpa_auto`` sites inside the case's regions
+    on this machine (asked with a tensor of the site's view and dtype: ``torch._fused_sdp_choice``,
+    where this torch has it; else every fused backend, the cautious answer).  Empty without such
+    sites or off CUDA.  (On the H200, torch 2.11: memory-efficient for f32 at 64x64 and 1024x1024,
+    cuDNN for bf16 and f16 there, flash or math at 63x65.)"""
+    # Only sites a region recomputes: outside every region no checkpoint touches them.
+    dtypes = {site.dtype for site in case.program.checkpointed_sites() if site.op.value == "sdpa_auto"}
+    if not dtypes or case.device.value != "cuda" or not torch.cuda.is_available():
+        return set()
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    backend_type = getattr(getattr(torch.nn, "attention", None), "SDPBackend", None)
+    if choose is None or backend_type is None:
+        return {"efficient", "cudnn"}
+    # SDPBackend is a pybind11 enum (not iterable): look its members up by name.
+    names = {int(getattr(backend_type, member)): name for member, name in _BACKENDS.items()
+             if hasattr(backend_type, member)}
+    picked = set()
+    for dtype in dtypes:
+        q = torch.zeros(ATTENTION_VIEWS[case.shape], device="cuda", dtype=getattr(torch, TORCH_DTYPES[dtype]))
+        picked.add(names.get(int(choose(q, q, q)), "unknown"))
+    return picked
 
 
 def make_bundled() -> Adapter:

@@ -2,7 +2,7 @@
 
 Both run the case's whole program as one graph (``torch.compile(fullgraph=True)``, inductor), and
 the runner judges them against the same program compiled the same way without recompute
-(`harness.compiled`: compiled RNG is not eager RNG):
+(`harness.run.compiled`: compiled RNG is not eager RNG):
 
 * ``torch-compile``: ``torch.utils.checkpoint.checkpoint(use_reentrant=...)`` around every region,
   traced by dynamo (the ``tag_activation_checkpoint`` higher-order op); both modes.
@@ -29,8 +29,8 @@ from typing import Any, Callable
 import torch
 import torch.utils.checkpoint
 
-from ..cases import Capture, Case, Layout, Mode
-from ..programs import SDPA_OPS
+from ..model.cases import Capture, Case, Layout, Mode
+from ..model.programs import SDPA_OPS
 from .base import Adapter
 
 BUDGET = 0.5  # any value below 1.0 lets the partitioner trade memory for recompute
@@ -41,7 +41,7 @@ class CompiledCheckpointAdapter(Adapter):
 
     name = "torch-compile"
     description = "torch.compile(fullgraph=True) of the program with torch.utils.checkpoint around each region"
-    compiled = True  # the runner compiles the program through this adapter (harness.compiled)
+    compiled = True  # the runner compiles the program through this adapter (harness.run.compiled)
 
     @property
     def version(self) -> str | None:

@@ -46,9 +46,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..cases import Case, Layout, Mode, Passing
+from ..model.cases import Case, Layout, Mode, Passing
 from .base import Adapter
-from .megatron import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
+from .packages import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
 
 CHECKPOINTING_MODULE = "deepspeed.runtime.activation_checkpointing.checkpointing"
 DISTRIBUTION = "deepspeed"

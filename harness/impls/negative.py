@@ -12,9 +12,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ..checkpoint import RNGStatesTracker, StateValues
+from ..checkpoint import RNGStatesTracker, StateValues, rng
 from ..checkpoint.generators import device_default_generators
-from ..checkpoint import rng
 from ..checkpoint.rng import ValuePolicy, live_generators
 from .base import Adapter
 from .bundled import BundledAdapter

@@ -35,8 +35,8 @@ from typing import Any, Callable
 import torch
 import torch.utils.checkpoint
 
-from ..cases import Case, Mode
 from ..checkpoint.stash import is_seeded
+from ..model.cases import Case, Mode
 from .base import Adapter
 from .torch_checkpoint import TorchAdapter
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..cases import Case, Device, Layout
+from ..model.cases import Case, Device, Layout
 from .base import Adapter
-from .megatron import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
+from .packages import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
 
 DISTRIBUTED_MODULE = "transformer_engine.pytorch.distributed"
 DISTRIBUTIONS = ("transformer-engine", "transformer-engine-torch")

@@ -25,12 +25,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from ..errors import UsageError
+from ..results import AXES, FAILED_OUTCOMES, OUTCOMES, VERDICTS, CaseRecord, as_json
 from . import html as html_view
 from . import markdown as markdown_view
 from .env import env_key
-from ..errors import UsageError
-from ..results import AXES, CaseRecord, as_json
-from ..results import FAILED_OUTCOMES, OUTCOMES, VERDICTS
 from .frame import (
     STATUSES,
     mismatches_frame,
@@ -187,7 +186,7 @@ def write(records: "Iterable[CaseRecord | dict[str, Any]]", report_dir: "str | P
     """Write the report of `records` into `report_dir` (created); return the directory.
 
     A record keeps the environment it carries (`env`), so merged reports keep each case's GPU and
-    host; records without one get `env` (the caller probes it: `harness.environment`).  Every file is
+    host; records without one get `env` (the caller probes it: `harness.run.environment`).  Every file is
     rendered before the directory is touched, written to a temporary file and then moved into
     place, results.jsonl last: a crash leaves the previous report as it was.  Also points
     ``latest`` (beside a run directory under ``reports/``) at `report_dir`, and appends a short

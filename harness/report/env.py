@@ -1,13 +1,12 @@
 """The environment header of a report, read from records: which RNG APIs a build had, and
 `env_key`, the environment a case ran in (GPU and host): the same case from two GPU types is two
-results, not a duplicate.  (The probe that fills `env` when a run starts is `harness.environment`;
+results, not a duplicate.  (The probe that fills `env` when a run starts is `harness.run.environment`;
 this module never imports torch.)
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
-
 
 
 def rng_apis(env: Mapping[str, Any]) -> dict[str, str]:

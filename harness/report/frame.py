@@ -8,12 +8,13 @@ Renderers (markdown, HTML, CSV) read these frames or the run model; nothing here
 
 from __future__ import annotations
 
+import enum
 import re
 import shlex
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..axes import AXES
-from ..results import FAILED_OUTCOMES, SKIPPED_OUTCOMES, Mismatch
+from ..results import AS_BUILT, FAILED_OUTCOMES, SKIPPED_OUTCOMES, Mismatch
 from .env import env_key, env_labels
 
 # What a case shows as in tables and colours: its outcome, except that known failures read
@@ -86,10 +87,26 @@ def mismatches(record: Mapping[str, Any]) -> list[Mismatch]:
 def repro_command(record: Mapping[str, Any]) -> str:
     """A copy-paste command that reruns one case alone (for a module run, `harness module`)."""
     if record.get("kind") == "module":
-        from ..module_report import record_command
-
-        return record_command(record)
+        return module_command(str(record["factory"]), str(record["impl"]), str(record.get("device", "cpu")),
+                              str(record.get("capture", "eager")), str(record.get("mode", "nonreentrant")),
+                              record.get("wrap") or [], record.get("iterations"))
     return f"python -m harness repro {shlex.quote(str(record['case_id']))} --impl {shlex.quote(str(record['impl']))}"
+
+
+def module_command(factory: str, impl: str, device: str, capture: "enum.Enum | str", mode: "enum.Enum | str",
+                   wrap: "Sequence[str] | None", iterations: int | None = None) -> str:
+    """The command line that repeats one module run (`harness module`)."""
+    capture = getattr(capture, "value", capture)
+    mode = getattr(mode, "value", mode)
+    parts = ["python -m harness module", shlex.quote(factory), "--impl", shlex.quote(impl), "--device", device,
+             "--capture", str(capture)]
+    if mode != AS_BUILT:
+        parts += ["--mode", str(mode)]
+    for pattern in wrap or []:
+        parts += ["--wrap", shlex.quote(pattern)]
+    if iterations and iterations != 2:
+        parts += ["--iterations", str(iterations)]
+    return " ".join(parts)
 
 
 def labels_of(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:

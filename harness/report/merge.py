@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .env import env_key
 from ..results import FAILED_OUTCOMES, SKIPPED_OUTCOMES
+from .env import env_key
 from .frame import (
     mismatches,
     record_key,

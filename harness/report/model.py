@@ -13,9 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..results import RNG_APIS
+from ..results import FAILED_OUTCOMES, OUTCOMES, RNG_APIS, SKIPPED_OUTCOMES
 from .env import env_key, rng_apis
-from ..results import FAILED_OUTCOMES, OUTCOMES, SKIPPED_OUTCOMES
 from .frame import (
     LISTED_VERDICTS,
     SEVERITY,

@@ -1,0 +1,686 @@
+"""Command line: ``python -m harness {list,run,repro,fuzz,bench,report}`` (also ``ckpt-harness``).
+
+Exit status: 0 when every case passed or failed as expected, 1 when a case failed unexpectedly
+(or failed differently than expected, or an expected failure went stale, or bundled/torch declared
+a case unsupported), 2 for bad input (one line on stderr, no traceback), 130 when interrupted
+(Ctrl-C) and 143 when terminated (SIGTERM, as a CI job at its time limit): every case's record is
+in the report directory's results.jsonl the moment it is judged, and the report of the cases that
+finished is written, marked interrupted (a second Ctrl-C does not stop that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+from .. import impls
+from .. import report as reporting
+from ..model import shards
+from ..model.cases import AXES, Capture, Case, Device, parse_case_id, parse_value
+from ..model.matrix import MATRICES, generate
+from ..report import cli as report_cli
+from ..report.live import LiveResults
+from ..results import CaseRecord, Verdict
+from ..run import isolation, stops
+from ..run.environment import environment
+from ..run.execution import (
+    REQUIRE_CUDA_ENV,
+    UsageError,
+    adapter_version,
+    check_selection,
+    cuda_visible,
+    load_targets,
+    proved_nothing,
+    resolve_devices,
+    run_case,
+)
+from ..verdict import expectations as expectations_mod
+from . import repro_script, timeline
+
+
+def _add_filters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--matrix", default="default", choices=MATRICES,
+                        help="default: the first matrix's programs over every axis plus a covering set of "
+                             "programs; full: every valid program over every axis (large)")
+    for axis, enum_type in AXES.items():
+        if axis == "device":
+            continue
+        values = ",".join(v.value for v in enum_type)
+        parser.add_argument(f"--{axis}", metavar="V[,V]", help=f"only these {axis} values: {values}")
+    parser.add_argument("--program", metavar="NAME[,NAME]",
+                        help="only these programs (e.g. flat, rand.bf16.odd.keyword.deep)")
+    parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda, or a comma list")
+    parser.add_argument("--case", action="append", default=[], metavar="ID",
+                        help="run exactly this case id (repeatable); overrides the axis filters")
+
+
+def _selected_cases(args: argparse.Namespace, runnable: bool = True) -> list[Case]:
+    """The cases the filters (or --case ids) select.  With `runnable`, what this machine cannot run
+    (cuda without a GPU, capture without cuda) is a UsageError; without, ids are only listed."""
+    if args.case:
+        cases = [parse_case_id(case_id) for case_id in args.case]
+        if runnable:
+            check_selection(cases, [c.device.value for c in cases])
+        return cases
+    filters: dict[str, Any] = {axis: getattr(args, axis) for axis in [*AXES, "program"]
+                               if axis != "device" and getattr(args, axis)}
+    filters["device"] = resolve_devices(args.device, require_visible=runnable)
+    cases = list(generate(args.matrix, **filters))
+    if not runnable:
+        return cases
+    known = {c.value for c in Capture}  # unknown values were refused by generate() above
+    captures = [Capture(v.strip()) for v in (args.capture or "").split(",") if v.strip() in known]
+    check_selection(cases, filters["device"], captures)
+    return cases
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_list = sub.add_parser("list", help="print the case ids the filters select (--impls: the implementations)")
+    _add_filters(p_list)
+    p_list.add_argument("--impls", action="store_true",
+                        help="list the implementations instead: name, what it is, available here or why not")
+
+    p_run = sub.add_parser("run", help="run cases for one or more impls and write a report")
+    _add_filters(p_run)
+    p_run.add_argument("--impl", action="append", default=[],
+                       help="impl name(s) or module:factory; default bundled (the names: python -m harness list --impls)")
+    p_run.add_argument("--report-dir", default=None, help="default: reports/<timestamp>-<pid>")
+    p_run.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_run.add_argument("-q", "--quiet", action="store_true", help="print only the final counts")
+    p_run.add_argument("--shard", default=None, metavar="I/N", help="run only shard I of N")
+    p_run.add_argument("--no-isolate", dest="isolate", action="store_false",
+                       help="run cases in this process (faster start; a crashing case ends the run)")
+    p_run.add_argument("--case-timeout", type=float, default=isolation.DEFAULT_TIMEOUT_S, metavar="S",
+                       help=f"per-case time limit in seconds when isolated (default {isolation.DEFAULT_TIMEOUT_S:g})")
+    p_run.add_argument("--require-cuda", action="store_true",
+                       help="exit 2 when no CUDA device is visible instead of running the CPU subset "
+                            "(also: HARNESS_REQUIRE_CUDA=1; for GPU CI jobs)")
+    p_run.add_argument("--allow-unsupported", action="store_true",
+                       help="run an impl named here even when its package cannot load (every case unsupported)")
+
+    p_repro = sub.add_parser("repro", help="run one case alone and explain it: mismatches and RNG timeline")
+    p_repro.add_argument("case_id")
+    p_repro.add_argument("--impl", default="bundled",
+                        help="impl name or module:factory (default bundled; the names: python -m harness list --impls)")
+    p_repro.add_argument("--script", metavar="FILE", default=None,
+                         help="also write a standalone Python script that reproduces the case")
+    p_repro.add_argument("--all-streams", action="store_true",
+                         help="show every stream in the timeline, not only those that diverge")
+    p_repro.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_repro.add_argument("--allow-unsupported", action="store_true",
+                         help="run the impl even when its package cannot load (the case is unsupported)")
+
+    p_fuzz = sub.add_parser("fuzz", help="run random region programs under one impl; shrink a failure to "
+                                         "its smallest program")
+    p_fuzz.add_argument("--impl", default="bundled",
+                        help="impl name or module:factory (default bundled; the names: python -m harness list --impls)")
+    p_fuzz.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    amount = p_fuzz.add_mutually_exclusive_group()
+    amount.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="fuzz for this long (default 60 s)")
+    amount.add_argument("--examples", type=int, default=None, metavar="N", help="generate this many programs")
+    p_fuzz.add_argument("--seed", type=int, default=None, metavar="S",
+                        help="random seed (default: a new one, printed, so the run can be repeated)")
+    p_fuzz.add_argument("--new-only", action="store_true",
+                        help="a failure the expectations file already describes does not count: look for new ones")
+    p_fuzz.add_argument("--keep-going", action="store_true",
+                        help="after a failure go on until the budget is spent, shrinking each failure of a new kind "
+                             "(outcome and oracles)")
+    p_fuzz.add_argument("--capture", metavar="V[,V]", default=None,
+                        help="only these capture modes (default: every one the device has)")
+    p_fuzz.add_argument("--isolate", dest="isolate", action="store_true", default=True,
+                        help="run cases in a replaceable worker process (the default: a sticky CUDA error or a "
+                             "crash must not poison every later case)")
+    p_fuzz.add_argument("--no-isolate", dest="isolate", action="store_false", help="run cases in this process")
+    p_fuzz.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_fuzz.add_argument("--save", dest="save", action="store_true", default=False,
+                        help="add each new (unexpected) failure found to the corpus, which the default matrix "
+                             "replays; without it nothing is written (known bugs are never added)")
+    p_fuzz.add_argument("--no-save", dest="save", action="store_false", help="the default: write nothing")
+    p_fuzz.add_argument("--corpus", default=None, metavar="FILE",
+                        help="with --save: where a found failure is added (default: cases/corpus.toml)")
+    p_fuzz.add_argument("--report-dir", default=None, metavar="DIR",
+                        help="append every program's record to DIR/results.jsonl as it is judged and write a "
+                             "report there at the end (also when stopped); default: no report")
+    p_fuzz.add_argument("--no-database", dest="database", action="store_false",
+                        help="no Hypothesis example database (default: .hypothesis/harness-fuzz replays earlier failures first)")
+    p_fuzz.add_argument("--allow-unsupported", action="store_true",
+                        help="run the impl even when its package cannot load (every case unsupported)")
+
+    p_module = sub.add_parser("module", help="your own model: its module checkpointed by an impl (or by itself) against "
+                                             "the same module without, bit for bit, naming the first RNG draw that diverges")
+    p_module.add_argument("factory", metavar="PKG.MOD:FACTORY", nargs="+",
+                          help="a function returning harness.fronts.module_mode.ModelCase(module, inputs) or (module, inputs); "
+                               "the module is importable from the current directory (repeatable)")
+    p_module.add_argument("--impl", action="append", default=[],
+                          help="impl name(s), comma lists allowed; 'as-built' judges the model's own checkpointing "
+                               "(a factory taking checkpointing=True/False); default bundled")
+    p_module.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p_module.add_argument("--capture", default="eager", help="eager (default), separate or single (cuda only); comma list")
+    p_module.add_argument("--mode", default="nonreentrant", help="nonreentrant (default) or reentrant; comma list")
+    p_module.add_argument("--wrap", action="append", default=None, metavar="PATTERN",
+                          help="named_modules() paths whose forward the impl checkpoints: '*' within one path "
+                               "component, '**' any depth (repeatable; default: the whole module)")
+    p_module.add_argument("--iterations", type=int, default=2, metavar="K")
+    p_module.add_argument("--report-dir", default=None, metavar="DIR",
+                          help="write the report (results.jsonl, summary.md, report.html, CSVs) there")
+    p_module.add_argument("--script", default=None, metavar="FILE",
+                          help="also write a script that repeats these runs (it imports your factory)")
+    p_module.add_argument("--allow-unsupported", action="store_true",
+                          help="run the impl even when its package cannot load")
+
+    p_bench = sub.add_parser("bench", help="measure speed and memory of one impl's default matrix")
+    p_bench.add_argument("--impl", default="bundled",
+                        help="impl name or module:factory (default bundled; the names: python -m harness list --impls)")
+    p_bench.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p_bench.add_argument("--cases", type=int, default=None, metavar="N",
+                         help="cases to run in all, repeating the matrix (default: 1000 on cuda, one matrix on cpu, "
+                              "and then the default matrix's wall time in a fresh process; with N, only N cases)")
+    p_bench.add_argument("--json", default="bench.json", metavar="FILE", help="where the figures go (default bench.json)")
+    p_bench.add_argument("--allow-unsupported", action="store_true",
+                         help="run the impl even when its package cannot load (every case unsupported)")
+
+    p_exp = sub.add_parser("expectations", help="which expectation entry claims a case, and conflicts between entries")
+    exp_sub = p_exp.add_subparsers(dest="action", required=True)
+    p_explain = exp_sub.add_parser("explain", help="which entry claims CASE for --impl, and why each other one does not")
+    p_explain.add_argument("case_id", metavar="CASE")
+    p_explain.add_argument("--impl", required=True)
+    p_explain.add_argument("--version", default=None, help="the impl version to judge for (versions ranges)")
+    p_conflicts = exp_sub.add_parser("conflicts", help="cases of the default matrices that two entries of one impl "
+                                                       "claim with different failures (exit 1 when any)")
+    p_conflicts.add_argument("--device", default="cpu,cuda", help="the matrices to look in (default cpu,cuda)")
+    for p in (p_explain, p_conflicts):
+        p.add_argument("--expectations", default=None, metavar="FILE", help="expectations file (default cases/expectations.toml)")
+
+    report_cli.add_commands(sub, COMMANDS)
+    return parser
+
+
+def _version() -> str:
+    """The harness's version and the torch it runs on (torch imported only when asked)."""
+    from .. import __version__
+
+    try:
+        import torch
+
+        under = f"torch {torch.__version__}"
+    except Exception as exc:  # --version must answer even where torch is broken
+        under = f"torch does not import: {type(exc).__name__}"
+    return f"ckpt-rng-harness {__version__} ({under})"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.impls:
+        return _list_impls()
+    for case in _selected_cases(args, runnable=False):
+        print(case.id)
+    return 0
+
+
+def _list_impls() -> int:
+    """Every registered impl, one line each: name, available (or why not), what it is."""
+    for name in sorted(impls.registered()):
+        try:
+            adapter = impls.load(name)
+            why = adapter.unavailable() if callable(getattr(adapter, "unavailable", None)) else None
+            what = getattr(adapter, "description", "") or ""
+        except impls.ImplError as exc:
+            why, what = str(exc), ""
+        print(f"{name:26} available    {what}" if why is None else f"{name:26} unavailable: {why}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    require_cuda = args.require_cuda or os.environ.get(REQUIRE_CUDA_ENV, "") not in ("", "0")
+    if require_cuda and not cuda_visible():
+        raise UsageError("--require-cuda: no CUDA device is visible (torch.cuda.is_available() is False): "
+                           "refusing to run the CPU subset instead")
+    cases = _selected_cases(args)
+    targets = load_targets(args.impl, allow_unsupported=args.allow_unsupported)
+    entries = expectations_mod.load(args.expectations)
+    shard = shards.parse_shard(args.shard) if args.shard else None
+    if not math.isfinite(args.case_timeout) or args.case_timeout <= 0:
+        raise UsageError(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
+    report_dir = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
+    reporting.check_report_dir(report_dir)
+    work = [(t, c) for t in targets for c in cases if shards.in_shard(t.name, c.id, shard)]
+    if not work:
+        raise UsageError("no case to run: the filters and --shard select nothing")
+    if not args.case and args.device.strip().lower() == "auto":
+        print(_device_line(cases), flush=True)
+    worker = isolation.CaseWorker(args.case_timeout) if args.isolate else None
+    progress = Progress(len(work), quiet=args.quiet)
+    records: list[CaseRecord] = []
+    interrupted, status = None, 0
+    env = environment()
+    live = LiveResults(report_dir)  # every record on disk the moment it is judged
+    try:
+        with stops.stoppable():
+            for target, case in work:
+                record = run_case(target, case, entries, worker=worker).record
+                stops.raise_if_stopped()  # the case may have caught the KeyboardInterrupt and gone on
+                record.worker, record.env = "main", env
+                records.append(record)
+                live.append(record)
+                progress.update(record)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stops.Terminated)
+        interrupted = f"{stops.describe(stop)} after {len(records)} of {len(work)} cases"
+        status = stops.status(stop)
+        print(f"\n{interrupted}: writing the report of the finished cases", file=sys.stderr, flush=True)
+    finally:
+        live.close()
+        if worker is not None:
+            with stops.shielded():
+                worker.close()
+    if interrupted and not records:
+        print(f"no case finished: nothing to report ({live.path} is empty)", file=sys.stderr)
+        return status
+    with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report of what finished
+        written = reporting.write(records, report_dir, env, unmatched=expectations_mod.entry_problems(entries, impls.registered()),
+                                  interrupted=interrupted)
+    progress.finish(written)
+    if interrupted:
+        return status
+    idle = [] if args.allow_unsupported else proved_nothing(targets, records)
+    for line in idle:
+        print(f"error: {line}", file=sys.stderr)
+    counts = Counter(r.verdict for r in records)
+    return 1 if counts[Verdict.FAIL] or counts[Verdict.STALE] or idle else 0
+
+
+def _device_line(cases: Sequence[Case]) -> str:
+    """The first line of an auto-device run: which device the cases run on, and why."""
+    if cuda_visible():
+        import torch
+
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        return (f"device: cuda ({torch.cuda.device_count()} visible: {', '.join(names)}), "
+                f"{len(cases)} cases (--device cpu for the CPU subset)")
+    return (f"device: no CUDA device visible (torch.cuda.is_available() is False): running the CPU subset, "
+            f"{len(cases)} cases (--require-cuda or {REQUIRE_CUDA_ENV}=1 makes that an error)")
+
+
+class Progress:
+    """Running outcome counts: one rewritten line on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet = total, quiet
+        self.tty = sys.stdout.isatty()
+        self.counts: Counter[str] = Counter()
+        self.started = time.perf_counter()
+
+    def _counts(self) -> str:
+        return ", ".join(f"{self.counts[v]} {v}" for v in reporting.VERDICTS if self.counts[v])
+
+    def update(self, record: CaseRecord) -> None:
+        verdict, outcome = Verdict(record.verdict).value, record.outcome.value
+        self.counts[verdict] += 1
+        done = sum(self.counts.values())
+        note = f"\n    {record.verdict_note}" if record.verdict_note else ""
+        if self.tty:
+            print(f"\r[{done}/{self.total}] {self._counts()}\x1b[K", end="", flush=True)
+            if verdict in ("fail", "stale"):
+                print(f"\r{verdict:6} {outcome:11} {record.impl} {record.case_id}\x1b[K{note}")
+        elif not self.quiet:
+            if done == 1:  # the columns, once
+                print(f"[done/total] {'verdict':6} {'outcome':11} impl case", flush=True)
+            print(f"[{done}/{self.total}] {verdict:6} {outcome:11} {record.impl} {record.case_id}{note}", flush=True)
+
+    def finish(self, written: Path) -> None:
+        if self.tty:
+            print()
+        elapsed = time.perf_counter() - self.started
+        print(f"{sum(self.counts.values())} cases in {elapsed:.1f}s: {self._counts() or 'none'}")
+        print(f"report: {written}")
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    case = parse_case_id(args.case_id)
+    check_selection([case], [case.device.value])
+    [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
+    entries = expectations_mod.load(args.expectations)
+    if args.script:
+        if getattr(target.adapter, "compiled", False):
+            # The script re-implements the workload eagerly; it would reproduce another program.
+            raise UsageError(f"--script does not cover compiled impls ({target.name}): the script runs the "
+                             "program eagerly; rerun with `python -m harness repro` instead")
+        reporting.check_output_file(args.script, "--script")
+    done = run_case(target, case, entries, timeline=True)
+    result, record = done.result, done.record
+    print(f"{target.name} {case.id}: {result.outcome.value} ({result.duration_s:.2f}s); verdict {record.verdict.value}")
+    if record.verdict_note:
+        print(record.verdict_note)
+    elif record.expected_failure:
+        print(f"expected to fail: {record.expected_outcome}: {record.expected_failure.splitlines()[0]}")
+    if result.reason:
+        print(result.reason)
+    if result.error:
+        print(result.error)
+        print(result.traceback.rstrip())
+    print_mismatches(result.mismatches)
+    timelines = result.timelines
+    if timelines.get("checkpointed"):
+        rows = timeline.rows(timelines["reference"], timelines["checkpointed"])
+        streams = None if args.all_streams else sorted({r["stream"] for r in rows if r[""]}) or None
+        note = " (states read at capture time, relative to the capture)" if case.capture.value != "eager" else ""
+        print(f"\nRNG timeline, reference vs checkpointed{note}:")
+        print(timeline.render(timelines["reference"], timelines["checkpointed"], streams))
+    if args.script:
+        Path(args.script).write_text(repro_script.render(case, args.impl))
+        print(f"\nstandalone script: {args.script} (python {args.script}; exit 1 when the mismatch reproduces)")
+    return 1 if result.outcome.value in ("mismatch", "error", "crash", "timeout") else 0
+
+
+def print_mismatches(mismatches: Sequence[Any], indent: str = "") -> None:
+    """The mismatches grouped by oracle, one line each, as `repro` shows them."""
+    by_oracle: dict[str, list[str]] = {}
+    for mismatch in mismatches:
+        by_oracle.setdefault(mismatch.oracle, []).append(mismatch.message())
+    for oracle, lines in by_oracle.items():
+        print(f"\n{indent}{oracle} ({len(lines)}):")
+        print("\n".join(f"{indent}  {line}" for line in lines))
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from . import fuzz
+
+    [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
+    [device] = resolve_devices(args.device)[:1]
+    entries = expectations_mod.load(args.expectations)
+    if args.examples is not None and args.examples < 1:
+        raise UsageError(f"--examples must be at least 1, got {args.examples}")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
+    budget = 60.0 if args.examples is None and args.budget is None else args.budget
+    if args.corpus and args.save:
+        reporting.check_output_file(args.corpus, "--corpus")
+    if args.report_dir:
+        reporting.check_report_dir(args.report_dir)
+    seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
+    isolate = args.isolate  # on by default, as in every front (README, "Isolation")
+    print(f"fuzz {target.name} on {device}: {amount}, seed {seed_value}{', isolated' if isolate else ''}"
+          f"{', new failures only' if args.new_only else ''}", flush=True)
+    captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
+    if captures:
+        check_selection([], [device], captures)
+    worker = isolation.CaseWorker(isolation.DEFAULT_TIMEOUT_S) if isolate else None
+    progress = FuzzProgress()
+    env = environment()
+    live = LiveResults(args.report_dir) if args.report_dir else None  # each program's record as judged
+    records: dict[str, CaseRecord] = {}  # by case id: a case run again (shrinking, a repeat) once
+
+    def keep(record: CaseRecord) -> None:
+        record.env = env
+        records[record.case_id] = record
+        if live is not None:
+            live.append(record)
+
+    try:
+        with stops.stoppable():
+            found = fuzz.fuzz(target, Device(device), entries, examples=args.examples, budget=budget,
+                              seed_value=seed_value, new_only=args.new_only, keep_going=args.keep_going,
+                              captures=captures, database=fuzz.DATABASE_DIR if args.database else None,
+                              worker=worker, progress=progress.update, on_record=keep)
+    except KeyboardInterrupt as stop:  # outside a case (setting up, or between Hypothesis batches)
+        found = fuzz.FuzzResult(tried=len(records), stopped=stop)  # what ran is on disk and in `records`
+    finally:
+        with stops.shielded():
+            if live is not None:
+                live.close()
+            if worker is not None:
+                worker.close()
+    progress.done()
+    with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
+        return _fuzz_summary(args, target, found, list(records.values()), env, entries)
+
+
+def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],
+                  env: dict[str, Any], entries: Any) -> int:
+    """Print what a fuzz run found (and write its report with --report-dir); its exit status."""
+    from . import fuzz
+
+    stopped = found.stopped
+    if stopped is not None:
+        print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
+    if args.report_dir and records:
+        interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
+        written = reporting.write(records, Path(args.report_dir), env, unmatched=expectations_mod.entry_problems(entries, impls.registered()),
+                                  interrupted=interrupted)
+        print(f"report:  {written}")
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
+    rate = found.tried / found.seconds if found.seconds else 0.0
+    summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
+    known = f"; known failures by entry: {found.known_kinds()}" if found.known else ""
+    if found.stale:  # an entry that claims a case which passed over-claims: say which
+        shown = "\n  ".join(found.stale[:5]) + (f"\n  ... {len(found.stale) - 5} more" if len(found.stale) > 5 else "")
+        print(f"stale: {len(found.stale)} cases an entry expects to fail passed:\n  {shown}")
+    if not found.findings:
+        noisy = f"; {found.noisy} failures not repeated bit for bit by a second run (nondeterministic " \
+                "attention backward), not counted" if found.noisy else ""
+        print(f"no {'new ' if args.new_only else ''}failure in {summary}{known}{noisy}")
+        return stops.status(stopped) if stopped else 0
+    for number, finding in enumerate(found.findings, 1):
+        _print_finding(finding, number, len(found.findings), target.name)
+        if finding.run.record.verdict is not Verdict.FAIL:
+            continue  # a known bug (an entry claims it): nothing new to keep
+        if args.save and not finding.shrunk:
+            print("corpus:  not saved (stopped before it was shrunk: run the fuzzer again, its database replays it)")
+            continue
+        if not args.save:
+            print("corpus:  not saved (--save adds it to cases/corpus.toml, which the default matrix replays)")
+            continue
+        from ..model import corpus
+
+        path = Path(args.corpus) if args.corpus else corpus.DEFAULT_PATH
+        added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
+        print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
+              "a known bug of an impl needs an entry in the expectations file too)")
+    repeats = f", {found.repeats} more like them" if found.repeats else ""
+    if found.noisy:
+        repeats += f", {found.noisy} not repeated bit for bit by a second run (nondeterministic attention backward)"
+    kinds = "new kind" if args.new_only else "kind"
+    print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"
+          f"{'s' if len(found.findings) > 1 else ''}){repeats} in {summary}{known}")
+    return stops.status(stopped) if stopped else 1
+
+
+def _print_finding(finding: Any, number: int, total: int, impl: str) -> None:
+    from . import fuzz
+
+    result, record = finding.run.result, finding.run.record
+    case = result.case
+    label = f"failure {number} of {total}" if total > 1 else "failure"
+    if finding.shrunk:
+        print(f"\n{label} after {finding.found_after} programs ({finding.found_seconds:.1f} s); shrunk in "
+              f"{finding.shrink_steps} more runs ({finding.shrink_seconds:.1f} s) to:")
+    else:
+        print(f"\n{label} after {finding.found_after} programs ({finding.found_seconds:.1f} s); stopped while "
+              f"shrinking ({finding.shrink_steps} runs, {finding.shrink_seconds:.1f} s): the smallest seen so far:")
+    print(f"  case     {case.id}")
+    print(f"  program  {case.program.spec}")
+    print(f"  outcome  {fuzz.outcome_text(record)} (verdict {record.verdict.value})")
+    if finding.flaky:
+        print("  flaky    this case failed, then passed when Hypothesis ran it again")
+    if record.verdict is Verdict.XFAIL:
+        print(f"  known    {record.expected_failure.splitlines()[0]}")
+    elif record.verdict_note:
+        print(f"  note     {record.verdict_note}")
+    print_mismatches(result.mismatches, indent="  ")
+    if result.error:
+        print(f"\n  {result.error}")
+    print(f"\nrerun:   python -m harness repro '{case.id}' --impl {impl}")
+    print(f"matrix:  pytest cases --impl {impl} --program '{case.program.spec}'")
+
+
+class FuzzProgress:
+    """Programs run so far and their rate: one rewritten line on a terminal (stderr), else a line
+    every 30 s."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.started = self.last = time.perf_counter()
+        self.tried = 0
+        self.shown = False
+
+    def update(self, found: Any) -> None:
+        self.tried = found.tried
+        now = time.perf_counter()
+        if not self.tty and now - self.last < 30:
+            return
+        self.last = now
+        elapsed = now - self.started
+        counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
+        line = f"[{elapsed:6.1f} s] {found.tried} programs ({found.tried / elapsed:.1f}/s): {counts}"
+        if found.shrink_steps:
+            line += f"; shrinking ({found.shrink_steps} runs)"
+        if self.tty:
+            print(f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
+            self.shown = True
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.shown:
+            print(file=sys.stderr)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
+    [device] = resolve_devices(args.device)[:1]
+    total = args.cases if args.cases is not None else (1000 if device == "cuda" else len(list(generate(device=device))))
+    if total < 1:
+        raise UsageError(f"--cases must be at least 1, got {total}")
+    reporting.check_output_file(args.json, "--json")
+    figures = bench.bench(target, device, total, matrix_wall=args.cases is None)
+    print(bench.render(figures))
+    bench.write_json(figures, args.json)
+    print(f"figures: {args.json}")
+    return 0
+
+
+def cmd_module(args: argparse.Namespace) -> int:
+    from ..run.execution import Target
+    from . import module_mode, module_report
+
+    names = impls.parse_impl_names(args.impl)
+    others = [n for n in names if n != module_mode.AS_BUILT]
+    loaded = {t.name: t for t in load_targets(others, allow_unsupported=args.allow_unsupported)} if others else {}
+    targets = [loaded.get(n) or Target(n, module_mode.AsBuilt()) for n in names]
+    [device] = resolve_devices(args.device)[:1]
+    captures = [parse_value("capture", v.strip()) for v in args.capture.split(",") if v.strip()]
+    modes = [parse_value("mode", v.strip()) for v in args.mode.split(",") if v.strip()]
+    if not captures or not modes:
+        raise UsageError("--capture and --mode need at least one value each")
+    graphs = [c.value for c in captures if c is not Capture.EAGER]
+    if graphs and device != "cuda":
+        raise UsageError(f"--capture {','.join(graphs)} needs --device cuda")
+    if args.iterations < 2:
+        raise UsageError(f"--iterations must be at least 2 (the second shows what a leaked draw does next), "
+                           f"got {args.iterations}")
+    if args.report_dir:
+        reporting.check_report_dir(args.report_dir)
+    if args.script:
+        reporting.check_output_file(args.script, "--script")
+    if args.wrap and all(t.name == module_mode.AS_BUILT for t in targets):
+        raise UsageError(f"--wrap selects what an impl checkpoints; --impl {module_mode.AS_BUILT} checkpoints what "
+                           "the model itself does (name another impl beside it for --wrap to apply)")
+    runs = [(factory, target, capture, mode) for factory in args.factory for target in targets
+            for capture in captures for mode in (modes[:1] if target.name == module_mode.AS_BUILT else modes)]
+    records: list[CaseRecord] = []
+    for number, (factory, target, capture, mode) in enumerate(runs):
+        try:
+            wrap = None if target.name == module_mode.AS_BUILT else args.wrap  # the model's own choice
+            result = module_mode.run_module(factory, target.adapter, device, capture, mode, wrap,
+                                            args.iterations, name=target.name)
+        except module_mode.ModuleError as exc:
+            raise UsageError(str(exc)) from None
+        print(("\n" if number else "") + module_report.summary(factory, target.name, device, capture, mode, result),
+              flush=True)
+        version = None if target.name == module_mode.AS_BUILT else adapter_version(target.adapter)
+        records.append(module_report.record(result, factory, target.name, version, device, capture, mode,
+                                            wrap, must_support=result.must_support))
+    counts = Counter(Verdict(r.verdict).value for r in records)
+    if len(records) > 1:
+        print(f"\n{len(records)} runs: " + ", ".join(f"{counts[v]} {v}" for v in reporting.VERDICTS if counts[v]))
+    if args.report_dir:
+        written = reporting.write(records, Path(args.report_dir), environment())
+        print(f"report: {written}")
+    if args.script:
+        argv = [a for a in (args.raw_argv or []) if a]
+        Path(args.script).write_text(module_report.script(_without_outputs(argv)))
+        print(f"script: {args.script} (python {args.script}; exit 1 when the divergence reproduces)")
+    idle = proved_nothing(targets, records)
+    for line in idle:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if counts["fail"] or idle else 0
+
+
+def _without_outputs(argv: Sequence[str]) -> list[str]:
+    """`argv` less --script and --report-dir (and their values): what a script repeats."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--script", "--report-dir"):
+            skip = True
+            continue
+        if arg.startswith(("--script=", "--report-dir=")):
+            continue
+        out.append(arg)
+    return out
+
+
+def cmd_expectations(args: argparse.Namespace) -> int:
+    entries = expectations_mod.load(args.expectations)
+    if args.action == "explain":
+        case = parse_case_id(args.case_id)
+        found = expectations_mod.find(entries, args.impl, case, version=args.version)
+        print(f"{args.impl} {case.id}: " + (f"claimed by {found.label}: expects {found.expected()}" if found
+                                             else "no entry claims it: a failure is a failure, a pass a pass"))
+        lines = expectations_mod.explain(entries, args.impl, case, version=args.version)
+        print("\n".join(lines) if lines else f"  (no entry names {args.impl})")
+        return 0
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    bad = [d for d in devices if d not in ("cpu", "cuda")]
+    if bad:
+        raise UsageError(f"unknown device {bad[0]!r}; valid values: cpu, cuda")
+    lines = expectations_mod.conflicts(entries, [c for d in devices for c in generate(device=d)])
+    print("\n".join(lines) if lines else "no conflicts")
+    return 1 if lines else 0
+
+
+COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
+                            "bench": cmd_bench, "module": cmd_module,
+                            "expectations": cmd_expectations}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m harness`` and ``ckpt-harness``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    args.raw_argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return COMMANDS[args.command](args)
+    except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
+        sys.stderr.close()
+        return 0
+    except UsageError as exc:  # every bad-input error of the harness (harness.errors)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""Fuzzing: random region programs under an impl, a failure shrunk to its smallest program.
+
+Hypothesis draws the cases (`case_strategy`): a checkpoint mode, a stream layout, a capture mode
+(eager on the CPU; all three on CUDA), the interleave, 2 to 4 iterations, and a spec program
+(`harness.model.spec`): a tree of up to `MAX_SITES` sites and regions up to `MAX_DEPTH` deep, every site
+with its own op, dtype and stream (or the layout's), every region with its own passing, sites
+between regions, items fed from one tensor (``&``).  Every draw shrinks towards the simplest
+choice (one region, one native_dropout site, float32, 64x64, positional, the default layout, eager,
+no interleave, two iterations), so the failing case Hypothesis ends with is the smallest it could
+find.
+
+`fuzz` runs cases until `examples` were run or `budget` seconds passed.  A case fails when its
+verdict against the expectations file is a failure; with ``new_only``, a failure the expectations
+already describe (an xfail) does not count, so the search goes on for new ones.  Hypothesis's
+example database (`DATABASE_DIR`, git-ignored) replays earlier failures first.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from hypothesis import HealthCheck, Phase, Verbosity, assume, given, seed, settings
+from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import Flaky
+
+from ..model import ops
+from ..model.cases import (
+    LAYOUT_STREAMS,
+    Capture,
+    Case,
+    Device,
+    Interleave,
+    Layout,
+    Mode,
+    invalid_reason,
+)
+from ..model.programs import SDPA_OPS, Dtype, Op, Passing, Shape
+from ..model.spec import parse_spec
+from ..results import CaseRecord, Outcome, Verdict
+from ..run import stops
+from ..run.execution import CaseRun, Target, run_case
+
+MAX_SITES = 8  # sites per program
+MAX_DEPTH = 3  # regions inside regions
+MAX_ITEMS = 3  # items per region, and at the top level
+DATABASE_DIR = Path(".hypothesis") / "harness-fuzz"
+BATCH = 100  # examples per Hypothesis run when fuzzing for a time budget
+FAILING = ("fail",)  # verdicts that are failures; without new_only an xfail is one too
+# How often each shape is drawn (a list to index; the first shrinks best).  The large shape
+# exists for CUDA, where 2^20 elements move the Philox offset by another amount per call; on a CPU
+# (whose generator has no such offset) it costs ~1.5-3 s a case against ~30 ms, so the CPU fuzzer
+# leaves it to the matrix (`--matrix full --shape large`).
+SHAPE_WEIGHTS = {
+    Device.CUDA: [Shape.SMALL] * 5 + [Shape.ODD] * 3 + [Shape.LARGE],
+    Device.CPU: [Shape.SMALL] * 3 + [Shape.ODD] * 2,
+}
+
+
+def _site_choices(device: Device, shape: Shape) -> list[tuple[Op, list[Dtype]]]:
+    """The ops that can run on `device` at `shape`, each with its dtypes (`Op` order: the first,
+    native_dropout, is what sites shrink to)."""
+    out = []
+    for op in Op:
+        dtypes = [d for d in Dtype if ops.invalid_reason(op, d, shape, device.value) is None]
+        if dtypes:
+            out.append((op, dtypes))
+    return out
+
+
+@st.composite
+def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, layout: Layout) -> str:
+    """The body of a spec: items joined by '+', at least one of them a region."""
+    choices = _site_choices(device, shape)
+    streams = [None, *LAYOUT_STREAMS[layout]]  # None (the layout decides) first
+    passings = [p for p in Passing if not (p is Passing.CLOSURE and mode is Mode.REENTRANT)]
+    left = [MAX_SITES]
+
+    def site() -> tuple[str, Op]:
+        left[0] -= 1
+        op, dtypes = draw(st.sampled_from(choices))
+        dtypes = sorted(dtypes, key=lambda d: d is not dtype)  # the input's dtype first
+        site_dtype = draw(st.sampled_from(dtypes))
+        stream = draw(st.sampled_from(streams))
+        text = op.value + ("" if site_dtype is dtype else f".{site_dtype.value}")
+        return text + (f"@{stream}" if stream else ""), op
+
+    def region(depth: int) -> tuple[str, list[Op]]:
+        passing = draw(st.sampled_from(passings))
+        parts, inner_ops = [], []
+        for position in range(draw(st.integers(1, MAX_ITEMS))):
+            if position and left[0] <= 0:
+                break
+            if depth < MAX_DEPTH and left[0] > 1 and draw(st.booleans()):
+                text, found = region(depth + 1)
+                inner_ops += found
+            else:
+                text, op = site()
+                inner_ops.append(op)
+            parts.append(text)
+        attention = {op for op in inner_ops if op in SDPA_OPS}
+        if passing is Passing.SDPA_KERNEL and len(attention) != 1:
+            passing = Passing.POSITIONAL  # sdpa_kernel needs attention inside, all on one backend
+        prefix = "" if passing is Passing.POSITIONAL else passing.value
+        return f"{prefix}({joined(parts)})", inner_ops
+
+    def joined(parts: list[str]) -> str:
+        # '&' (the next item reads the same input as the one before) or '+'; False, what a
+        # boolean shrinks to, is '+'
+        return "".join(("&" if n and draw(st.booleans()) else "+" if n else "") + part for n, part in enumerate(parts))
+
+    items = []
+    for position in range(draw(st.integers(1, MAX_ITEMS))):
+        if position and left[0] <= 0:
+            break
+        # False (what a boolean shrinks to) is a region at the top level: programs shrink to one.
+        items.append(site()[0] if position and draw(st.booleans()) else region(1)[0])
+    return joined(items)
+
+
+# Hypothesis's health checks that would stop a fuzz run for what the fuzzer is: one example runs a
+# whole checkpointed program twice (too_slow: seconds on the CPU); invalid combinations are
+# rejected by `assume` after drawing (filter_too_much: most draws of the mixed layout with one
+# site are invalid); nested regions draw much data (data_too_large, large_base_example).  The
+# others (nested @given, fixtures, executors) would point at a fault of this module: left on.
+FUZZ_HEALTH_CHECKS = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
+                      HealthCheck.large_base_example]
+
+
+@st.composite
+def case_strategy(draw: Any, device: Device, captures: Sequence[Capture] | None = None) -> Case:
+    """A valid case on `device` with a random spec program (the module docstring says what varies);
+    `captures` limits the capture modes (default: every one the device has)."""
+    mode = draw(st.sampled_from(list(Mode)))
+    layout = draw(st.sampled_from(list(Layout)))
+    if captures is None:
+        captures = list(Capture) if device is Device.CUDA else [Capture.EAGER]
+    capture = draw(st.sampled_from(list(captures)))
+    interleave = draw(st.sampled_from(list(Interleave)))
+    dtype = draw(st.sampled_from(list(Dtype)))
+    shape = SHAPE_WEIGHTS[device]
+    shape = shape[draw(st.integers(0, len(shape) - 1))]
+    iterations = draw(st.integers(2, 4))
+    header = ".".join(part for part, default in ((dtype.value, "f32"), (shape.value, "small"),
+                                                  (f"x{iterations}", "x2")) if part != default)
+    body = draw(_tree(device, shape, dtype, mode, layout))
+    program = parse_spec(f"{header}:{body}" if header else body)
+    case = Case(mode, layout, capture, program, interleave, device)
+    assume(invalid_reason(case) is None)  # e.g. the mixed layout with one site: not both streams
+    return case
+
+
+class Found(Exception):
+    """A failing case (what Hypothesis shrinks)."""
+
+    def __init__(self, run: CaseRun) -> None:
+        super().__init__(f"{run.record.outcome.value} {run.record.case_id}")
+        self.run = run
+
+
+@dataclass
+class Finding:
+    """One failure: the smallest failing case run, when it was first seen (cases run, seconds)
+    and the cases run while shrinking it."""
+
+    run: CaseRun
+    found_after: int
+    found_seconds: float
+    shrink_steps: int
+    shrink_seconds: float
+    flaky: bool = False  # the smallest case failed, then passed when Hypothesis ran it again
+    shrunk: bool = True  # False: the run was stopped while shrinking; `run` is the smallest seen so far
+
+
+@dataclass
+class FuzzResult:
+    """What a fuzz run did: cases run (`tried`, shrinking included), by verdict, the seconds it
+    took, and the failures found, each shrunk (one unless the run kept going)."""
+
+    tried: int = 0
+    generated: int = 0  # of `tried`, those Hypothesis generated (not shrinking steps)
+    seconds: float = 0.0
+    verdicts: dict[str, int] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    shrink_steps: int = 0  # cases run while shrinking the failure now being shrunk
+    repeats: int = 0  # failures like one already found (same signature), not shrunk again
+    noisy: int = 0  # failures that a second run did not repeat bit for bit (`_repeats`)
+    known: dict[str, int] = field(default_factory=dict)  # known failures (xfail) by the entry that explains them
+    stale: list[str] = field(default_factory=list)  # 'case id (entry)' of cases an entry claims that passed
+    stopped: BaseException | None = None  # the Ctrl-C or SIGTERM that ended the run early
+
+    def known_kinds(self) -> str:
+        """'torch-ignores-tracker x40, torch-reentrant-container x12': the known failures by entry,
+        most first ('' when none)."""
+        return ", ".join(f"{label} x{n}" for label, n in sorted(self.known.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    @property
+    def failure(self) -> CaseRun | None:
+        return self.findings[0].run if self.findings else None
+
+    @property
+    def found_after(self) -> int:
+        return self.findings[0].found_after if self.findings else 0
+
+
+def signature(record: CaseRecord) -> tuple[str, ...]:
+    """What tells two failures apart when the run keeps going: the outcome and its failing
+    oracles, or the outcome and the error's type."""
+    if record.outcome is Outcome.MISMATCH:
+        return ("mismatch", *sorted({m.oracle for m in record.mismatches}))
+    return (record.outcome.value, record.error.split(":", 1)[0])
+
+
+def outcome_text(record: CaseRecord) -> str:
+    """'mismatch: oracle, oracle' or 'error: Type: message' (one line), as the corpus keeps it."""
+    if record.outcome is Outcome.MISMATCH:
+        oracles = dict.fromkeys(m.oracle for m in record.mismatches)
+        return f"mismatch: {', '.join(oracles)}"
+    first = (record.error or record.reason).strip().splitlines()
+    return f"{record.outcome.value}: {first[0][:200]}" if first else record.outcome.value
+
+
+def _repeats(done: CaseRun, again: Callable[[], CaseRun]) -> bool:
+    """Whether a failure is deterministic.  Only cases with an op whose CUDA backward is not
+    bit-reproducible (`OpSpec.reproducible`) are run again: their reference ran twice and agreed,
+    but the checkpointed run can still differ by the backward's own run-to-run order.  A wrong
+    RNG stream repeats the same bits; such noise does not."""
+    case = done.result.case
+    if case.device is not Device.CUDA or all(ops.REGISTRY[op].reproducible for op in case.program.ops()):
+        return True
+    second = again()
+    return (second.record.outcome == done.record.outcome
+            and [m.message() for m in second.result.mismatches] == [m.message() for m in done.result.mismatches])
+
+
+def _found_in(error: BaseException) -> Found | None:
+    """The last `Found` inside an exception group (Hypothesis's FlakyFailure), or None."""
+    for inner in reversed(getattr(error, "exceptions", ())):
+        found = inner if isinstance(inner, Found) else _found_in(inner)
+        if found is not None:
+            return found
+    return None
+
+
+def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: int | None = None,
+         budget: float | None = None, seed_value: int = 0, new_only: bool = False,
+         keep_going: bool = False, captures: Sequence[Capture] | None = None,
+         database: "Path | None" = DATABASE_DIR, worker: Any = None,
+         progress: Callable[[FuzzResult], None] | None = None,
+         on_record: Callable[[dict[str, Any]], None] | None = None) -> FuzzResult:
+    """Run random cases of `target` on `device` until `examples` cases were generated or `budget`
+    seconds passed (one of them), and shrink the first failure to the smallest failing case.
+
+    With `keep_going` the run goes on after a failure until the examples or the budget are spent,
+    and shrinks each failure with a new `signature` (a failure like one found counts as a
+    repeat).  Deterministic for a `seed_value` without a `database` (None: no example database).
+    Never raises for faults of the impl (they are results, and fail the case).  With `worker` (an
+    `isolation.CaseWorker`) every case runs in a worker process: a case that crashes it or leaves
+    a sticky CUDA error is a `crash` result, and the next case gets a fresh process (in-process,
+    such a case would make every later case fail, and shrinking would shrink the poisoned state).
+    A smallest case that passes when run again is reported as flaky.
+
+    `on_record` gets every judged case's record the moment it is judged (to put it on disk).  A
+    Ctrl-C or SIGTERM (inside `stops.stoppable`) ends the run: the result so far is returned with
+    `stopped` set, a failure being shrunk kept as the smallest failing case seen (`shrunk` False);
+    a case the signal interrupted is not counted, whatever it returned.
+    """
+    if (examples is None) == (budget is None):
+        raise ValueError("fuzz() takes examples or budget, not both or neither")
+    failing = FAILING if new_only else (*FAILING, "xfail")
+    result = FuzzResult()
+    start = time.perf_counter()
+    state: dict[str, Any] = {"failed": False, "seen": set(), "since": 0.0}
+
+    def over_budget() -> bool:
+        return budget is not None and time.perf_counter() - start >= budget
+
+    def check(case: Case) -> None:
+        if over_budget() and not state["failed"]:
+            return  # the budget is spent: the rest of this batch passes without running
+        stops.raise_if_stopped()  # Hypothesis or the case may have caught the KeyboardInterrupt
+        done = run_case(target, case, entries, worker=worker)
+        stops.raise_if_stopped()  # its result may be the interruption's doing (a killed worker)
+        if on_record is not None:
+            on_record(done.record)
+        verdict = Verdict(done.record.verdict).value
+        result.tried += 1
+        if state["failed"]:
+            result.shrink_steps += 1
+        else:
+            result.generated += 1
+        result.verdicts[verdict] = result.verdicts.get(verdict, 0) + 1
+        if verdict == "xfail":
+            label = done.record.expected_entry or "?"
+            result.known[label] = result.known.get(label, 0) + 1
+        elif verdict == "stale":  # an entry claims more than the bug: worth narrowing
+            result.stale.append(f"{case.id} ({done.record.expected_entry or '?'})")
+        if progress is not None:
+            progress(result)
+        if verdict not in failing:
+            return
+        if not _repeats(done, lambda: run_case(target, case, entries, worker=worker)):
+            result.noisy += 1
+            return  # run-to-run noise of a nondeterministic backward, not a checkpoint's doing
+        if signature(done.record) in state["seen"]:
+            result.repeats += 1
+            return  # like a failure this run already found and shrank
+        if not state["failed"]:
+            state.update(failed=True, after=result.tried, since=time.perf_counter())
+        state["smallest"] = done  # Hypothesis tries smaller cases only: the latest is the smallest yet
+        raise Found(done)
+
+    db = DirectoryBasedExampleDatabase(str(database / f"{target.name}-{device.value}")) if database else None
+    batch = 0
+    while True:
+        n = examples - result.generated if examples is not None else BATCH
+        options = settings(
+            max_examples=n, deadline=None, database=db, derandomize=False, report_multiple_bugs=False,
+            suppress_health_check=FUZZ_HEALTH_CHECKS, verbosity=Verbosity.quiet, print_blob=False,
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+        )
+        test = seed(seed_value + batch)(options(given(case_strategy(device, captures))(check)))
+        try:
+            test()
+            stops.raise_if_stopped()
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what was found
+            result.stopped = stops.stopped() or stop
+            if state["failed"]:
+                now = time.perf_counter()
+                result.findings.append(Finding(state["smallest"], state["after"], state["since"] - start,
+                                               result.shrink_steps, now - state["since"], shrunk=False))
+            break
+        except (Found, Flaky) as exc:  # the last failing run: Hypothesis replays the smallest last
+            found = exc if isinstance(exc, Found) else _found_in(exc)
+            if found is None:
+                raise
+            now = time.perf_counter()
+            result.findings.append(Finding(found.run, state["after"], state["since"] - start,
+                                           result.shrink_steps, now - state["since"], flaky=found is not exc))
+            state["seen"].add(signature(found.run.record))
+            state["failed"], result.shrink_steps = False, 0
+            if not keep_going:
+                break
+        batch += 1
+        if (examples is not None and result.generated >= examples) or over_budget():
+            break
+    result.seconds = time.perf_counter() - start
+    return result

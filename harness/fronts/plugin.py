@@ -1,0 +1,305 @@
+"""The pytest plugin: options, the case matrix, verdicts, and the report.
+
+Loaded by the repository's conftest.py.  Test functions that take the `harness_case` fixture are
+parametrized over (impl x case), each marked with its axis values (``-m "tracked and nested"``
+selects exactly those cells).  Each runs the case through `execution.run_case`, the function the
+command line uses too, and maps the verdict to pytest: pass -> passed; xfail (failed exactly as
+the expectations file says) -> xfailed; fail (unexpected, or a wrong failure, or an unsupported
+cell of an impl that must support everything) and stale -> failed, with the reason and a rerun
+line; skip -> skipped with the reason.  The result record rides on `item.user_properties`, which
+pytest-xdist ships from workers to the controller, so the controller alone writes one report for
+the run: each record is appended to its results.jsonl as it arrives, and the full report is
+written at the end, also after Ctrl-C (marked interrupted, exit status 130) and SIGTERM (marked
+terminated, exit status 143).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .. import impls
+from .. import report as reporting
+from ..model import corpus, shards
+from ..model.cases import AXES, ID_PARTS, Case, CaseError, parse_case_id
+from ..model.matrix import MATRICES, generate, parse_programs
+from ..report.live import LiveResults
+from ..results import CaseRecord, Verdict
+from ..run import isolation, stops
+from ..run.environment import environment
+from ..run.execution import (
+    REQUIRE_CUDA_ENV,
+    Target,
+    UsageError,
+    cuda_visible,
+    load_targets,
+    proved_nothing,
+    resolve_devices,
+    run_case,
+)
+from ..verdict import expectations as expectations_mod
+from . import gpus
+
+RESULT_PROPERTY = "harness_result"
+AXIS_MARKERS = tuple(dict.fromkeys(value.value for enum_type in AXES.values() for value in enum_type))
+
+
+@dataclass(frozen=True)
+class HarnessCase:
+    """One parameter of the matrix: an impl name and a case."""
+
+    impl: str
+    case: Case
+
+    @property
+    def id(self) -> str:
+        return f"{self.impl}-{self.case.id}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "checkpoint RNG harness")
+    group.addoption("--impl", action="append", default=[], metavar="NAME",
+                    help="implementation(s) under test: a registered name or package.module:factory; "
+                         "repeatable or comma-separated; 'all' = every shipped impl (default: bundled)")
+    group.addoption("--device", default="auto", metavar="DEV",
+                    help="auto (cuda if available, else cpu), cpu, cuda, or a comma list")
+    group.addoption("--report-dir", default=None, metavar="DIR",
+                    help="where the report goes (default: reports/<timestamp>-<pid>)")
+    group.addoption("--expectations", default=None, metavar="FILE",
+                    help="expected-failures file (default: cases/expectations.toml)")
+    group.addoption("--shard", default=None, metavar="I/N",
+                    help="run only shard I of N (deterministic split of impl x case, for CI jobs)")
+    # One default in every front (README, "Isolation"): each case in a replaceable worker process.
+    group.addoption("--isolate", dest="isolate", action="store_true", default=True,
+                    help="run each case in a replaceable worker process (the default): an abort, segfault, "
+                         "hang or sticky CUDA error becomes a crash/timeout result and the run goes on")
+    group.addoption("--no-isolate", dest="isolate", action="store_false",
+                    help="run cases in the pytest process (faster start; a crashing case ends the worker)")
+    group.addoption("--case-timeout", type=float, default=None, metavar="S",
+                    help="per-case time limit in seconds when isolated (default 300)")
+    group.addoption("--matrix", default="default", choices=MATRICES,
+                    help="default: first matrix + covering programs; full: every valid program (large)")
+    group.addoption("--program", action="append", default=[], metavar="NAME",
+                    help="only these programs (repeatable or comma-separated), e.g. rand.bf16.odd.keyword.deep")
+    group.addoption("--allow-unsupported", action="store_true", default=False,
+                    help="run an impl named by --impl even when its package cannot load (every case unsupported)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # an xdist worker: take a GPU of its own before any CUDA call
+        config._harness_gpu = gpus.pin_worker(workerinput["workerid"], workerinput["testrunuid"])  # type: ignore[attr-defined]
+    for marker in AXIS_MARKERS:
+        config.addinivalue_line("markers", f"{marker}: harness cases whose id has the axis value {marker!r}")
+    config.addinivalue_line("markers", "spec: harness cases whose program is a spec (fuzzer findings, --program SPEC)")
+    try:
+        targets = load_targets(config.getoption("impl"), allow_unsupported=config.getoption("allow_unsupported"))
+        config._harness_impls = {t.name: t for t in targets}  # type: ignore[attr-defined]
+        if os.environ.get(REQUIRE_CUDA_ENV, "") not in ("", "0") and not cuda_visible():
+            raise UsageError(f"{REQUIRE_CUDA_ENV} is set and no CUDA device is visible "
+                             "(torch.cuda.is_available() is False): refusing to run the CPU subset instead")
+        config._harness_devices = resolve_devices(config.getoption("device"))  # type: ignore[attr-defined]
+        parse_programs(",".join(config.getoption("program")))  # a bad name is one line, here
+        corpus.load()  # a corrupt cases/corpus.toml is one line here, not an INTERNALERROR at collection
+        entries = expectations_mod.load(config.getoption("expectations"))
+        shard = config.getoption("shard")
+        config._harness_shard = shards.parse_shard(shard) if shard else None  # type: ignore[attr-defined]
+        if workerinput is None and config.getoption("report_dir"):
+            reporting.check_report_dir(config.getoption("report_dir"))
+        timeout = config.getoption("case_timeout")
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise CaseError(f"--case-timeout must be a positive number of seconds, got {timeout:g}")
+    except UsageError as exc:  # every bad-input error of the harness (harness.errors)
+        pytest.exit(f"error: {exc}", returncode=2)
+    config._harness_expectations = entries  # type: ignore[attr-defined]
+    collector = ReportCollector(config)
+    config.pluginmanager.register(collector, "harness-report")
+    if workerinput is None:
+        collector.catch_sigterm()
+    if workerinput is None:
+        for line in expectations_mod.entry_problems(entries, impls.registered()):
+            config.issue_config_time_warning(pytest.PytestWarning(f"expectations: {line}"), stacklevel=2)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "harness_case" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    params = []
+    for impl_name in config._harness_impls:  # type: ignore[attr-defined]
+        programs = ",".join(config.getoption("program")) or None
+        for case in generate(config.getoption("matrix"), device=config._harness_devices,  # type: ignore[attr-defined]
+                             program=programs):
+            if not shards.in_shard(impl_name, case.id, config._harness_shard):  # type: ignore[attr-defined]
+                continue
+            param = HarnessCase(impl_name, case)
+            marks = [getattr(pytest.mark, value) for axis, value in case.axis_values().items()
+                     if axis in AXES and value]  # a spec program lacks the factors it varies
+            if case.nesting is None:
+                marks.append(pytest.mark.spec)
+            params.append(pytest.param(param, id=param.id, marks=marks))
+    metafunc.parametrize("harness_case", params)
+
+
+@pytest.fixture
+def harness_run(request: pytest.FixtureRequest):
+    """Run a `HarnessCase`, attach its record to the test, and map the outcome to pytest."""
+
+    def run_one(param: HarnessCase) -> None:
+        config = request.config
+        target: Target = config._harness_impls[param.impl]  # type: ignore[attr-defined]
+        done = run_case(target, param.case, config._harness_expectations,  # type: ignore[attr-defined]
+                        worker=_case_worker(config))
+        record = done.record
+        record.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        record.gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""
+        data = record.to_json()
+        # xdist ships user_properties to the controller: the record travels as its JSON line.
+        request.node.user_properties.append((RESULT_PROPERTY, json.dumps(data)))
+        request.node.user_properties.extend(reporting.junit_properties(data))  # for --junitxml
+        verdict, outcome = record.verdict, record.outcome.value
+        if verdict is Verdict.SKIP:
+            pytest.skip(f"{outcome}: {done.result.reason}")
+        if verdict is Verdict.XFAIL:
+            pytest.xfail(f"{record.expected_outcome}: {record.expected_failure.splitlines()[0]}")
+        if verdict in (Verdict.FAIL, Verdict.STALE):
+            lines = [f"{param.impl} {param.case.id}: {outcome} ({verdict.value})"]
+            lines += [record.verdict_note] if record.verdict_note else []
+            lines += [done.result.summary(), f"rerun: {reporting.repro_command(data)}"]
+            pytest.fail("\n".join(line for line in lines if line), pytrace=False)
+
+    return run_one
+
+
+def _case_worker(config: pytest.Config) -> isolation.CaseWorker | None:
+    """This process's isolated case worker, started on first use (None when not isolating)."""
+    timeout = config.getoption("case_timeout")
+    if not config.getoption("isolate"):
+        return None
+    worker = getattr(config, "_harness_worker", None)
+    if worker is None:
+        worker = isolation.CaseWorker(timeout or isolation.DEFAULT_TIMEOUT_S)
+        config._harness_worker = worker  # type: ignore[attr-defined]
+    return worker
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    worker = getattr(config, "_harness_worker", None)
+    if worker is not None:
+        worker.close()
+
+
+def _harness_ids(ids: list[str]) -> int:
+    """How many of the node ids are harness cases ('...[<impl>-<case id>]')."""
+    count = 0
+    for node_id in ids:
+        param = node_id.rpartition("[")[2].rstrip("]")
+        try:
+            parse_case_id("-".join(param.split("-")[-len(ID_PARTS):]))
+        except CaseError:
+            continue
+        count += 1
+    return count
+
+
+class ReportCollector:
+    """Collects result records where the report is written (the xdist controller or a lone run)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: dict[tuple[str, str], CaseRecord] = {}
+        self.line = ""
+        self.expected = 0  # harness cases collected: the n of "interrupted after k of n"
+        self.live: LiveResults | None = None  # results.jsonl, opened at the first record
+        self.stopped_by: BaseException | None = None  # stops.Terminated when SIGTERM ended the session
+        self._target: Path | None = None
+
+    def catch_sigterm(self) -> None:
+        """SIGTERM (a CI job's time limit) stops the session like Ctrl-C: pytest finishes it and
+        the report of the finished cases is written (exit status 143)."""
+        def stop(signum: int, frame: Any) -> None:
+            self.stopped_by = stops.Terminated()
+            raise self.stopped_by
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, stop)
+
+    def target(self) -> Path:
+        """The report directory, chosen once (--report-dir, else a new one under reports/)."""
+        if self._target is None:
+            option = self.config.getoption("report_dir")
+            self._target = Path(option) if option else reporting.default_report_dir(self.config.rootpath / "reports")
+        return self._target
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.expected = _harness_ids([item.nodeid for item in session.items])  # after -k / -m
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.expected = max(self.expected, _harness_ids(ids))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == RESULT_PROPERTY:
+                record = CaseRecord.from_json(json.loads(value))
+                key = (record.impl, record.case_id)
+                if key in self.records:
+                    continue
+                self.records[key] = record
+                if not hasattr(self.config, "workerinput"):
+                    self._keep(record)
+
+    def _keep(self, record: CaseRecord) -> None:
+        """Append the record to the report directory's results.jsonl now (a killed run keeps it)."""
+        try:
+            if self.live is None:
+                self.live = LiveResults(self.target())
+            self.live.append(record)
+        except (reporting.ReportError, OSError):
+            pass  # the final write reports an unwritable directory, once
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(self.config, "workerinput"):
+            return  # xdist workers ship records to the controller, which writes the report
+        if self.live is not None:
+            self.live.close()
+        interrupted = None
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED or self.stopped_by is not None:
+            stop = self.stopped_by or KeyboardInterrupt()  # pytest keeps no trace of which signal
+            interrupted = (f"{stops.describe(stop)} after {len(self.records)} of "
+                           f"{max(self.expected, len(self.records))} cases")
+            session.exitstatus = stops.status(stop)
+        if not self.records:
+            self.line = f"harness: {interrupted}: no report written" if interrupted else ""
+            return
+        try:
+            with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report
+                written = reporting.write(list(self.records.values()), self.target(), environment(),
+                                          interrupted=interrupted,
+                                          unmatched=expectations_mod.entry_problems(self.config._harness_expectations, impls.registered()))  # type: ignore[attr-defined]
+        except reporting.ReportError as exc:
+            self.line = f"harness report NOT written: {exc}"
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+            return
+        what = f", {interrupted}" if interrupted else ""
+        self.line = f"harness report: {written} ({len(self.records)} cases{what})"
+        targets = list(self.config._harness_impls.values())  # type: ignore[attr-defined]
+        idle = [] if interrupted or self.config.getoption("allow_unsupported") else \
+            proved_nothing(targets, self.records.values())
+        if idle:
+            self.line += "".join(f"\nharness error: {line}" for line in idle)
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.line:
+            terminalreporter.write_line(self.line)

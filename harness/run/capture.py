@@ -1,0 +1,165 @@
+"""Executors: eager, separate graphs, one graph.  The reference and the checkpointed run share them.
+
+An executor drives a `Step` (forward, interleaved draws, backward, reseed, collect) for K
+iterations:
+
+* eager: K x (forward, draws, backward);
+* separate: warm up on a side stream, capture the forward in one CUDA graph and the backward (with
+  the recompute) in another, reseed, then K x (replay forward, draws eagerly, replay backward), as
+  `make_graphed_callables` does;
+* single: warm up, capture forward + draws + backward in one graph, reseed, then K replays.
+
+Masks are recorded capture-safely: during capture `MaskLog.record` clones into tensors of the
+graph's pool, and after every replay `Step.collect` copies those static buffers out.  Tracker
+streams are registered with every graph where the torch build has `register_generator_state`.
+Each case releases its graphs (and their memory pools) before returning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Iterator, Protocol, Sequence
+
+import torch
+
+from ..model.cases import Capture
+
+WARMUP_ITERATIONS = 2
+
+
+class Step(Protocol):
+    """What an executor needs from a run (implemented by runner.RunSession)."""
+
+    def begin_iteration(self, iteration: int) -> None:
+        """Start iteration `iteration` (negative: warm-up or capture), gradients cleared."""
+
+    def forward(self) -> torch.Tensor:
+        """The forward pass; returns the loss."""
+
+    def between(self, cpu: bool = True, device: bool = True) -> None:
+        """The interleaved draws from the CPU generator and/or the device's streams (if any)."""
+
+    def draws_between(self) -> bool:
+        """Whether the case draws between forward and backward at all."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward from `loss` (the recompute happens here)."""
+
+    def reseed(self) -> None:
+        """Every stream back to the run's initial state, in place."""
+
+    def generators(self) -> Sequence[torch.Generator]:
+        """Tracker generators to register with each CUDA graph."""
+
+    def collect(self, iteration: int) -> None:
+        """Copy this iteration's records out (after a replay, out of the graph's buffers)."""
+
+
+def run_eager(step: Step, iterations: int) -> None:
+    """K x (forward, interleaved draws, backward), recording each iteration as it happens."""
+    for it in range(iterations):
+        step.begin_iteration(it)
+        loss = step.forward()
+        step.between()
+        step.backward(loss)
+        step.collect(it)
+
+
+def _new_graph(step: Step) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    if hasattr(graph, "register_generator_state"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecated where registration is lazy
+            warnings.simplefilter("ignore", DeprecationWarning)
+            for gen in step.generators():
+                if gen.device.type == "cuda":
+                    graph.register_generator_state(gen)
+    return graph
+
+
+def _warm_up(step: Step, single: bool) -> None:
+    """Eager iterations on a side stream, so lazy initialisation happens outside capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_ITERATIONS):
+            step.begin_iteration(-1)
+            loss = step.forward()
+            step.between(cpu=not single)
+            step.backward(loss)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def _released(graphs: list[torch.cuda.CUDAGraph]) -> Iterator[list[torch.cuda.CUDAGraph]]:
+    try:
+        yield graphs
+    finally:
+        for graph in graphs:
+            graph.reset()  # frees the graph; its private pool goes once its tensors are dropped
+        graphs.clear()
+
+
+def run_single(step: Step, iterations: int) -> None:
+    """Forward, in-graph draws and backward captured in one graph; K replays."""
+    with _released([]) as graphs:
+        _warm_up(step, single=True)
+        graph = _new_graph(step)
+        graphs.append(graph)
+        step.begin_iteration(-2)  # clears grads: backward under capture allocates static buffers
+        with torch.cuda.graph(graph):
+            loss = step.forward()
+            step.between(cpu=False)  # a CPU draw would run once at capture, not per replay
+            step.backward(loss)
+        step.reseed()
+        for it in range(iterations):
+            graph.replay()
+            torch.cuda.synchronize()
+            step.collect(it)
+        del loss
+
+
+def run_separate(step: Step, iterations: int) -> None:
+    """Forward graph and backward graph (recompute inside), replayed in order.
+
+    Interleaved draws run as another micro-batch's graph would: a third graph that draws from
+    every CUDA stream, replayed between the forward and backward replays (plus an eager CPU draw).
+    Its replay refills the generators' device-side seed/offset, which is what a host-side rewind
+    in the backward graph cannot see.  (A backward graph whose net RNG increment is zero is not
+    refilled on replay, so without other graphs in between a host-side rewind lines up by luck.)
+    """
+    with _released([]) as graphs:
+        _warm_up(step, single=False)
+        forward_graph, backward_graph = _new_graph(step), _new_graph(step)
+        graphs += [forward_graph, backward_graph]
+        step.begin_iteration(-2)  # clears grads: backward under capture allocates static buffers
+        with torch.cuda.graph(forward_graph):
+            loss = step.forward()
+        with torch.cuda.graph(backward_graph):
+            step.backward(loss)
+        draws_graph = None
+        if step.draws_between():
+            draws_graph = _new_graph(step)
+            graphs.append(draws_graph)
+            with torch.cuda.graph(draws_graph):
+                step.between(cpu=False)
+        step.reseed()
+        for it in range(iterations):
+            forward_graph.replay()
+            if draws_graph is not None:
+                step.between(device=False)
+                draws_graph.replay()
+            backward_graph.replay()
+            torch.cuda.synchronize()
+            step.collect(it)
+        del loss
+
+
+EXECUTORS = {Capture.EAGER: run_eager, Capture.SEPARATE: run_separate, Capture.SINGLE: run_single}
+
+
+def execute(capture: Capture, step: Step, iterations: int) -> None:
+    """Run `step` under the executor of `capture`."""
+    EXECUTORS[capture](step, iterations)

@@ -1,0 +1,419 @@
+"""Expected failures as data (cases/expectations.toml), matched by impl and by what a case does.
+
+Each entry names an impl (the name the user gives on the command line, an import path
+``pkg.mod:factory`` included), the cases it covers, a reason and, where one exists, an upstream
+issue.  The cases are named by facts (`harness.model.case_facts`: the mode, layout, capture,
+interleave and device, and what the program does: which ops it draws inside, outside or nested in
+regions, how a region is entered, whether a tracked stream is drawn inside a region...), by
+`fnmatch` patterns over case ids (``cases``), or both: a case matches when every fact holds and,
+where patterns are given, one of them matches its id.  ``unless`` (a table of facts, or a list of
+them) takes cases out again: a case for which every fact of one ``unless`` table holds does not
+match (another bug fires first there, say).  Facts cover named and spec programs alike,
+so one bug is one entry; an optional ``name`` names the bug (fuzz reports count known failures by
+it).  An entry names the failure it expects:
+
+* ``outcome``: ``mismatch`` (the default), ``error``, ``crash`` or ``timeout``, or a list of them
+  (one bug that shows as an error in some programs and as a mismatch in others);
+* ``oracles`` (optional, for a ``mismatch``): each of these oracles fails (one bug usually shows in
+  several oracles, and which others join in varies from cell to cell, so an entry names the ones
+  every matched cell shows: the signature of the bug);
+* ``message`` (optional, for the other outcomes): a regular expression that the error text
+  matches (``re.search``);
+* or ``outcome = "pass"``: the matched cases are expected to pass (an entry that keeps broader
+  entries below it from claiming cells where the bug cannot show, e.g. a region that draws
+  nothing).  Such a case that fails is a plain failure.
+
+``impl`` may be a list of names (one entry each) or an `fnmatch` pattern (``"neg-*"``).
+
+`judge` turns a result and its entry into a verdict: the expected failure is ``xfail``; a case that
+fails differently is ``fail`` ("wrong failure: expected mismatch (live-stream), got error: ...");
+a matched case that passes is ``stale``.  An entry whose cases match no case, whose impl names no
+known implementation, or that claims a case another entry claims with another expected failure (a
+conflict: the first would win silently) is reported (`entry_problems`).  `explain` says which
+entry matches a case and why the others do not.
+
+An entry may also name the impl versions it applies to, as a PEP 440 specifier set
+(``versions = ">=0.16,<0.20"``).  Such an entry matches only when the version under test is known
+and inside the range, so once a release with the fix is under test the cell is no longer expected
+to fail and a pass shows as a pass, not as a silently kept xfail.  An entry without `versions`
+applies to every version.  Pre-releases and dev builds count by their place in PEP 440 order
+(``0.20.0rc1`` is not ``<0.20``, ``0.19.3.dev0`` is ``>=0.19``); a version string that is not
+PEP 440 counts as unknown.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from ..errors import UsageError
+from ..model.case_facts import FACT_KEYS, check_facts, missed
+from ..model.matrix import generate
+from ..results import FAILED_OUTCOMES, ORACLES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "cases" / "expectations.toml"
+OUTCOMES = ("pass", *FAILED_OUTCOMES)  # what an entry may expect
+ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracles", "message", "name",
+              "unless", *FACT_KEYS}
+
+
+class ExpectationError(UsageError):
+    """A malformed expectations file; the message is one line for the user."""
+
+
+@functools.lru_cache(maxsize=None)
+def parse_versions(spec: str) -> SpecifierSet:
+    """A PEP 440 specifier set; a bad one raises `ExpectationError` (one line)."""
+    try:
+        return SpecifierSet(spec)
+    except InvalidSpecifier as exc:
+        raise ExpectationError(f"bad versions specifier {spec!r}: {exc}") from None
+
+
+def version_in(version: "str | None", spec: str) -> bool:
+    """True when `version` is known, valid PEP 440, and inside `spec` (pre-releases included)."""
+    if version is None or not str(version).strip():
+        return False
+    try:
+        parsed = Version(str(version).strip())
+    except InvalidVersion:
+        return False
+    return parse_versions(spec).contains(parsed, prereleases=True)
+
+
+def _case(case: Any) -> Any:
+    """A `Case` for `case` (a Case, or a case id); None for an id that names no case (a module
+    run's record): only pattern-only entries can match such an id."""
+    if not isinstance(case, str):
+        return case
+    from ..model.cases import CaseError, parse_case_id
+
+    try:
+        return parse_case_id(case)
+    except (CaseError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Expectation:
+    impl: str
+    patterns: tuple[str, ...]
+    reason: str
+    issue: str = ""
+    versions: str = ""  # PEP 440 specifier set; empty = every version
+    outcomes: tuple[str, ...] = ("mismatch",)  # the failures expected (or ("pass",))
+    oracles: tuple[str, ...] = ()  # for mismatch: each of these fails (empty: any mismatch)
+    message: str = ""  # for error / crash / timeout: a regex the error text matches
+    facts: tuple[tuple[str, Any], ...] = ()  # `case_facts` keys and wanted values, all must hold
+    unless: tuple[tuple[tuple[str, Any], ...], ...] = ()  # fact sets that take a case out again
+    name: str = ""  # the bug's name
+    number: int = 0  # the entry's place in its file (1-based)
+
+    @property
+    def outcome(self) -> str:
+        """The first (usually only) outcome expected."""
+        return self.outcomes[0]
+
+    @property
+    def expects_pass(self) -> bool:
+        """True for an entry that says its cases pass (``outcome = "pass"``)."""
+        return self.outcomes == ("pass",)
+
+    @property
+    def label(self) -> str:
+        """The bug's name, else 'entry N'."""
+        return self.name or f"entry {self.number}"
+
+    def expected(self) -> str:
+        """'mismatch (recompute-mask, gradient)' or "error matching 'TypeError'": what it expects."""
+        parts = []
+        for outcome in self.outcomes:
+            if outcome == "mismatch" and self.oracles:
+                parts.append(f"{outcome} ({', '.join(self.oracles)})")
+            elif outcome not in ("mismatch", "pass") and self.message:
+                parts.append(f"{outcome} matching {self.message!r}")
+            else:
+                parts.append(outcome)
+        return " or ".join(parts)
+
+    def signature(self) -> tuple:
+        """What the entry expects (two entries claiming one case with different ones conflict)."""
+        return (self.outcomes, self.oracles, self.message)
+
+    def explains(self, outcome: str, oracles: Iterable[str], error: str) -> bool:
+        """True when a failed case failed exactly the way this entry says."""
+        if outcome not in self.outcomes:
+            return False
+        if outcome == "mismatch":
+            return set(self.oracles) <= set(oracles)
+        return not self.message or re.search(self.message, error or "") is not None
+
+    def matches(self, impl: str, case: Any) -> bool:
+        """Impl, facts and case-id patterns (the version is `applies_to`'s business); `case` is a
+        `Case` or a case id."""
+        return fnmatch.fnmatchcase(impl, self.impl) and self.matches_case(case)
+
+    def matches_case(self, case: Any) -> bool:
+        """Every fact holds for `case` and, where the entry has patterns, one matches its id."""
+        return not self.misses(case)
+
+    def misses(self, case: Any) -> list[str]:
+        """Why `case` is not this entry's, one phrase each ([] when it is)."""
+        found = _case(case)
+        case_id = case if isinstance(case, str) else case.id
+        out = []
+        if self.patterns and not any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns):
+            out.append(f"the id matches none of {', '.join(self.patterns)}")
+        if self.facts or self.unless:
+            if found is None:
+                return [*out, "the id names no case"]
+            out += missed(dict(self.facts), found)
+            for facts in self.unless:
+                if not missed(dict(facts), found):
+                    out.append(f"unless {', '.join(f'{k}={_shown(v)}' for k, v in facts)} holds")
+        return out
+
+    def applies_to(self, version: "str | None") -> bool:
+        """True for an entry without a range, else when `version` is known and in the range."""
+        return not self.versions or version_in(version, self.versions)
+
+    def describe(self) -> str:
+        where = f" (versions {self.versions})" if self.versions else ""
+        what = [*(f"{k}={_shown(v)}" for k, v in self.facts), *self.patterns]
+        named = f" ({self.name})" if self.name else ""
+        return f"{self.impl}{named}: {', '.join(what)}{where}"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, frozenset):
+        return "|".join(sorted(value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _string_list(raw: Any, key: str, where: str) -> tuple[str, ...]:
+    values = raw if isinstance(raw, list) else [raw]
+    if not values or not all(isinstance(v, str) and v for v in values):
+        raise ExpectationError(f"{where} {key} must be a string or a list of strings")
+    return tuple(values)
+
+
+def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
+    """One [[expect]] table -> `Expectation`; anything malformed is one ExpectationError line."""
+    missing = [key for key in ("impl", "reason") if key not in raw]
+    if missing:
+        raise ExpectationError(f"{where} lacks {', '.join(missing)}")
+    unknown = sorted(set(raw) - ENTRY_KEYS)
+    if unknown:
+        raise ExpectationError(f"{where} has unknown key {unknown[0]!r}; keys: {', '.join(sorted(ENTRY_KEYS))}")
+    facts = check_facts(raw, where, ExpectationError)
+    if "cases" not in raw and not facts:
+        raise ExpectationError(f"{where} names no cases: give facts ({', '.join(FACT_KEYS)}) or cases patterns")
+    versions = raw.get("versions", "")
+    if not isinstance(versions, str):
+        raise ExpectationError(
+            f"{where} versions must be a string such as \">=0.16,<0.20\", not {type(versions).__name__}"
+        )
+    try:
+        parse_versions(versions)
+    except ExpectationError as exc:
+        raise ExpectationError(f"{where}: {exc}") from None
+    outcomes = _string_list(raw.get("outcome", "mismatch"), "outcome", where)
+    bad_outcome = [o for o in outcomes if o not in OUTCOMES]
+    if bad_outcome:
+        raise ExpectationError(f"{where} outcome {bad_outcome[0]!r} is not one of {', '.join(OUTCOMES)}")
+    if "pass" in outcomes and len(outcomes) > 1:
+        raise ExpectationError(f"{where} outcome 'pass' cannot stand beside failures")
+    oracles = _string_list(raw["oracles"], "oracles", where) if "oracles" in raw else ()
+    bad = [o for o in oracles if o not in ORACLES]
+    if bad:
+        raise ExpectationError(f"{where} names unknown oracle {bad[0]!r}; oracles: {', '.join(ORACLES)}")
+    if oracles and "mismatch" not in outcomes:
+        raise ExpectationError(f"{where} names oracles, which only a mismatch has (outcome is {outcomes[0]!r})")
+    message = raw.get("message", "")
+    if not isinstance(message, str):
+        raise ExpectationError(f"{where} message must be a string (a regular expression)")
+    if message and outcomes == ("mismatch",):
+        raise ExpectationError(f"{where} has a message, which a mismatch has not (use oracles)")
+    if message and outcomes == ("pass",):
+        raise ExpectationError(f"{where} has a message, which a pass entry has not")
+    try:
+        re.compile(message)
+    except re.error as exc:
+        raise ExpectationError(f"{where} message {message!r} is not a regular expression: {exc}") from None
+    name = raw.get("name", "")
+    if not isinstance(name, str):
+        raise ExpectationError(f"{where} name must be a string")
+    patterns = _string_list(raw["cases"], "cases", where) if "cases" in raw else ()
+    unless_raw = raw.get("unless", [])
+    unless_raw = unless_raw if isinstance(unless_raw, list) else [unless_raw]
+    unless = []
+    for table in unless_raw:
+        if not isinstance(table, Mapping) or not table or set(table) - set(FACT_KEYS):
+            raise ExpectationError(f"{where} unless must be a table of facts ({', '.join(FACT_KEYS)}) or a list of them")
+        unless.append(tuple(check_facts(table, f"{where} unless", ExpectationError).items()))
+    return Expectation(
+        raw["impl"], patterns, raw["reason"], raw.get("issue", ""), versions.strip(), outcomes, oracles, message,
+        tuple(facts.items()), tuple(unless), name, number,
+    )
+
+
+def load(path: "str | Path | None" = None) -> list[Expectation]:
+    """Parse the expectations file; a missing default file means no expectations."""
+    path = Path(path) if path else DEFAULT_PATH
+    if not path.exists():
+        if path == DEFAULT_PATH:
+            return []
+        raise ExpectationError(f"expectations file {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ExpectationError(f"cannot read expectations file {path}: {exc}") from None
+    return [entry for n, raw in enumerate(data.get("expect", []), start=1)
+            for entry in _entries(raw, f"{path}: entry {n}", n)]
+
+
+def _entries(raw: Any, where: str, number: int = 0) -> list[Expectation]:
+    """One [[expect]] table -> its entries: one per impl where ``impl`` is a list of names."""
+    if not isinstance(raw, Mapping):
+        raise ExpectationError(f"{where} is not a table")
+    impl = raw.get("impl")
+    if isinstance(impl, list):
+        names = _string_list(impl, "impl", where)
+        return [_entry({**raw, "impl": name}, where, number) for name in names]
+    return [_entry(raw, where, number)]
+
+
+def find(
+    entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None
+) -> Expectation | None:
+    """The first entry expecting `impl` (at `version`) to fail `case` (a `Case` or a case id),
+    or None.
+
+    `version` is the impl's version (`adapter.version`); entries with a `versions` range match
+    only when it is known and in range, entries without one match whatever it is.
+    """
+    for entry in entries:
+        if entry.matches(impl, case) and entry.applies_to(version):
+            return entry
+    return None
+
+
+def explain(entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None) -> list[str]:
+    """Which entry of `impl` claims `case` and why each other one does not, one line per entry
+    of that impl, in file order ('matches' first-wins, 'also matches', or what it misses)."""
+    lines, chosen = [], None
+    for entry in entries:
+        if not fnmatch.fnmatchcase(impl, entry.impl):
+            continue
+        misses = entry.misses(case)
+        if not misses and not entry.applies_to(version):
+            misses = [f"version {version or 'unknown'} is outside {entry.versions}"]
+        if misses:
+            lines.append(f"  no    {entry.label}: {'; '.join(misses)}")
+        elif chosen is None:
+            chosen = entry
+            lines.append(f"  MATCH {entry.label}: expects {entry.expected()}: {entry.reason.splitlines()[0]}")
+        else:
+            also = "the same failure" if entry.signature() == chosen.signature() else f"{entry.expected()} (conflict)"
+            lines.append(f"  also  {entry.label}: expects {also}")
+    return lines
+
+
+def unmatched(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[Expectation]:
+    """Entries that match none of `cases` (Cases or ids; dead entries to warn about)."""
+    found = list(cases)
+    return [e for e in entries if not any(e.matches_case(case) for case in found)]
+
+
+def conflicts(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[str]:
+    """One line per case that two entries of one impl (and one versions range) both claim with
+    different expected failures: the first would win without a word."""
+    by_impl: dict[tuple[str, str], list[Expectation]] = {}
+    for entry in entries:
+        by_impl.setdefault((entry.impl, entry.versions), []).append(entry)
+    lines = []
+    for (impl, _), group in by_impl.items():
+        if len(group) < 2:
+            continue
+        seen: set[tuple[int, int]] = set()
+        for case in cases:
+            claiming = [e for e in group if e.matches_case(case)]
+            for later in claiming[1:]:
+                first = claiming[0]
+                pair = (first.number, later.number)
+                if later.signature() != first.signature() and pair not in seen:
+                    seen.add(pair)
+                    case_id = case if isinstance(case, str) else case.id
+                    lines.append(f"conflict: {impl}: {first.label} ({first.expected()}) and {later.label} "
+                                 f"({later.expected()}) both claim {case_id}")
+    return lines
+
+
+def entry_problems(entries: Iterable[Expectation], known_impls: Iterable[str],
+                   case_ids: Iterable[Any] | None = None) -> list[str]:
+    """One line per entry that can never apply, or applies where another entry does too: its impl
+    names no known implementation (a registered name; an import path ``pkg.mod:factory`` counts
+    as known), its cases match no case of the whole matrix, or it claims a case another entry
+    of its impl claims with another expected failure (`conflicts`).  `known_impls`: the
+    registered names (`impls.registered()`); `case_ids` default: every generated case (default
+    matrices, CPU and CUDA)."""
+    known = set(known_impls)
+    cases = list(generate()) if case_ids is None else list(case_ids)
+    entries = list(entries)
+    lines = [f"impl matches no known implementation: {e.describe()}"
+             for e in entries if ":" not in e.impl and not any(fnmatch.fnmatchcase(k, e.impl) for k in known)]
+    lines += [f"cases match no case: {e.describe()}" for e in unmatched(entries, cases)]
+    lines += conflicts(entries, cases)
+    return lines
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How one result counts: its verdict and, where it is not self-evident, why."""
+
+    verdict: str  # pass | fail | xfail | stale | skip
+    note: str = ""
+
+
+def judge(outcome: str, oracles: Iterable[str], error: str, entry: Expectation | None, *,
+          impl: str, must_support_all: bool = False, reason: str = "") -> Judgement:
+    """The verdict of a result (`outcome`, failing `oracles`, `error` text) under its entry.
+
+    Without an entry: pass -> pass, a failure -> fail, unsupported / skipped -> skip, except that
+    an impl that must support every valid case (`must_support_all`) fails an unsupported one.
+    With an entry: the failure it names -> xfail; any other failure -> fail ("wrong failure");
+    a pass -> stale.
+    """
+    fired = list(dict.fromkeys(oracles))
+    if outcome == "unsupported" and must_support_all:
+        return Judgement("fail", f"{impl} must support every valid case of its device, but declared "
+                                 f"this one unsupported: {reason}")
+    if outcome in ("unsupported", "skipped"):
+        return Judgement("skip")
+    if entry is None:
+        return Judgement("pass" if outcome == "pass" else "fail")
+    if entry.expects_pass:
+        return Judgement("pass") if outcome == "pass" else Judgement(
+            "fail", f"expected to pass ({entry.reason.split(chr(10))[0][:120]}), got {outcome}")
+    if outcome == "pass":
+        return Judgement("stale", f"stale: expected {entry.expected()}, but the case passed")
+    if entry.explains(outcome, fired, error):
+        return Judgement("xfail")
+    got = f"{outcome} ({', '.join(fired)})" if fired else outcome
+    first = (error or "").strip().splitlines()
+    if outcome != "mismatch" and first:
+        got += f": {first[0]}"
+    return Judgement("fail", f"wrong failure: expected {entry.expected()}, got {got}")
