@@ -35,7 +35,8 @@ class Block(torch.nn.Module):
         super().__init__()
         self.qkv = torch.nn.Linear(WIDTH, 3 * WIDTH)
         self.attn_dropout = torch.nn.Dropout(0.1)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(WIDTH, 2 * WIDTH), torch.nn.GELU(), torch.nn.Linear(2 * WIDTH, WIDTH))
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(WIDTH, 2 * WIDTH), torch.nn.GELU(),
+                                       torch.nn.Linear(2 * WIDTH, WIDTH))
         self.dropout = torch.nn.Dropout(0.1)
         self.norm = torch.nn.LayerNorm(WIDTH)
 

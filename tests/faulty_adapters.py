@@ -225,7 +225,8 @@ ADAPTER_FAULTS = {
         "AdapterFault: adapter 'faulty_adapters:make_supports_raises': supports() raised ValueError: bad supports",
     "faulty_adapters:make_exits": "SystemExit: 3",
     "faulty_adapters:make_returns_tuple":
-        "AdapterFault: adapter 'faulty_adapters:make_returns_tuple': checkpoint returned a tuple of 2 (Tensor, Tensor), expected ",
+        "AdapterFault: adapter 'faulty_adapters:make_returns_tuple': checkpoint returned a tuple of 2 "
+        "(Tensor, Tensor), expected ",
     "faulty_adapters:make_returns_wrong_shape":
         "AdapterFault: adapter 'faulty_adapters:make_returns_wrong_shape': checkpoint returned a torch.float32 "
         "tensor of shape (1, 64) on cpu, expected a torch.float32 tensor of shape (64, 64) on cpu",

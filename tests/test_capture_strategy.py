@@ -90,7 +90,8 @@ def test_eager_never_stashes(reentrant):
 
 
 @pytest.mark.parametrize("impl", ["bundled", "neg-host-values"])
-@pytest.mark.parametrize("case_id", ["reentrant-shared-eager-nested-draws-cpu", "nonreentrant-mixed-eager-siblings-draws-cpu"])
+@pytest.mark.parametrize("case_id", ["reentrant-shared-eager-nested-draws-cpu",
+                                     "nonreentrant-mixed-eager-siblings-draws-cpu"])
 def test_whole_cases_pass_under_a_fake_capture(fake_capture, impl, case_id):
     # Eagerly on the CPU both strategies are sound; this runs the capture code paths end to end.
     result = run(parse_case_id(case_id), load(impl))
@@ -164,5 +165,6 @@ def test_a_snapshot_refused_during_capture_names_the_missing_api(fake_capture):
         def generators(self, tracker):
             return [Refusing()]
 
-    with pytest.raises(CaptureStrategyError, match=r"needs Generator.get_state during CUDA graph capture \(torch >= 2.10\)"):
+    with pytest.raises(CaptureStrategyError,
+                       match=r"needs Generator.get_state during CUDA graph capture \(torch >= 2.10\)"):
         Policy().snapshot(None)

@@ -64,7 +64,8 @@ def test_what_a_selective_policy_saves_and_redraws():
     assert not facts("nonreentrant-default-eager-((randn_like)+(rand_like))-none-cpu")["drawn_again_in_region"]
     # a later draw from another stream is not shifted by the first one, but a tracked one is redrawn
     # an inner region's draw before the outer region's last own site is rerun by the outer recompute
-    assert facts("nonreentrant-default-eager-((native_dropout+(native_dropout)+nodraw))-none-cpu")["drawn_again_in_region"]
+    inner_first = facts("nonreentrant-default-eager-((native_dropout+(native_dropout)+nodraw))-none-cpu")
+    assert inner_first["drawn_again_in_region"]
     mixed = facts("nonreentrant-mixed-eager-(randn@d+native_dropout@t)-none-cpu")
     assert not mixed["drawn_again_in_region"] and mixed["tracked_after_draw"]
     assert not facts("nonreentrant-mixed-eager-(randn@t+native_dropout@d)-none-cpu")["tracked_after_draw"]
@@ -115,9 +116,11 @@ def test_an_id_that_names_no_case_matches_pattern_entries_only(tmp_path):
 
 def test_conflicts_are_two_entries_claiming_one_case_with_different_failures(tmp_path):
     entries = _entries(tmp_path, '[[expect]]\nimpl = "torch"\nname = "a"\nmode = "reentrant"\nreason = "r"\n'
-                                 '[[expect]]\nimpl = "torch"\nname = "b"\nlayout = "tracked"\noutcome = "error"\nreason = "r"\n'
+                                 '[[expect]]\nimpl = "torch"\nname = "b"\nlayout = "tracked"\n'
+                                 'outcome = "error"\nreason = "r"\n'
                                  '[[expect]]\nimpl = "torch"\nname = "c"\nlayout = "tracked"\nreason = "r"\n')
-    cases = [parse_case_id("reentrant-tracked-eager-flat-none-cpu"), parse_case_id("reentrant-default-eager-flat-none-cpu")]
+    cases = [parse_case_id("reentrant-tracked-eager-flat-none-cpu"),
+             parse_case_id("reentrant-default-eager-flat-none-cpu")]
     assert expectations.conflicts(entries, cases) == [
         "conflict: torch: a (mismatch) and b (error) both claim reentrant-tracked-eager-flat-none-cpu"]
 
@@ -147,7 +150,8 @@ def test_the_fuzzers_known_forms_are_claimed_by_their_bug(case_id, impl, label):
 def test_explain_names_the_match_and_why_the_others_miss(capsys):
     from harness.fronts.cli import main
 
-    assert main(["expectations", "explain", "reentrant-default-eager-list(native_dropout)-none-cpu", "--impl", "torch"]) == 0
+    assert main(["expectations", "explain", "reentrant-default-eager-list(native_dropout)-none-cpu",
+                 "--impl", "torch"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("torch reentrant-default-eager-list(native_dropout)-none-cpu: claimed by "
                              "torch-reentrant-container")

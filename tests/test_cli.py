@@ -349,7 +349,8 @@ def test_version_and_the_list_of_impls(capsys):
 
 def test_an_output_file_in_a_folder_that_does_not_exist_is_made_before_the_work(tmp_path, capsys):
     script = tmp_path / "new" / "deeper" / "repro.py"
-    assert main(["repro", "nonreentrant-default-eager-flat-none-cpu", "--impl", "bundled", "--script", str(script)]) == 0
+    assert main(["repro", "nonreentrant-default-eager-flat-none-cpu", "--impl", "bundled",
+                 "--script", str(script)]) == 0
     assert script.is_file()
     blocked = tmp_path / "file"
     blocked.write_text("")

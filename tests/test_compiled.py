@@ -84,7 +84,8 @@ def test_a_reference_whose_pattern_is_not_its_masks_is_not_trusted():
     with pytest.raises(ReferenceCheckError, match="differ from the output's in 1 elements"):
         compiled.check_compiled_reference(_record(zeros, torch.tensor([True, False, False, False])), 1, "x")
     with pytest.raises(ReferenceCheckError, match="constant"):
-        compiled.check_compiled_reference(_record(torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool)), 1, "x")
+        compiled.check_compiled_reference(_record(torch.zeros(4, dtype=torch.bool),
+                                                  torch.zeros(4, dtype=torch.bool)), 1, "x")
 
 
 def test_repro_script_refuses_a_compiled_impl(tmp_path, capsys):

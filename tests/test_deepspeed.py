@@ -589,7 +589,8 @@ def test_supports_reasons_on_the_cpu_accelerator(standin):
                     "nonreentrant-default-eager-native_dropout.f32.small.closure.flat-none-cpu"):
         assert adapter.supports(parse_case_id(case_id)) is None, case_id
     assert adapter.supports(parse_case_id("reentrant-shared-eager-nested-draws-cpu")) == NO_ALIASES
-    assert adapter.supports(parse_case_id("nonreentrant-mixed-eager-native_dropout.f32.small.keyword.flat-none-cpu")) == (
+    keyword_case = parse_case_id("nonreentrant-mixed-eager-native_dropout.f32.small.keyword.flat-none-cpu")
+    assert adapter.supports(keyword_case) == (
         "deepspeed non_reentrant_checkpoint(function, *args) passes no keyword arguments to the region")
     on_cuda = adapter.supports(parse_case_id("reentrant-tracked-separate-flat-none-cuda"))
     assert on_cuda.startswith("DeepSpeed's accelerator here is 'cpu': its checkpoint saves and its "
@@ -741,7 +742,8 @@ def test_real_deepspeed_passes_the_first_matrix_on_its_cpu_accelerator(tmp_path)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.run(
-        [sys.executable, "-m", "harness", "run", "--impl", FACTORY, "--device", "cpu", "--program", "flat,nested,siblings",
+        [sys.executable, "-m", "harness", "run", "--impl", FACTORY, "--device", "cpu",
+         "--program", "flat,nested,siblings",
          "--report-dir", str(tmp_path / "report"), "-q", "--no-isolate"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,  # a last resort, not a speed test
     )

@@ -130,7 +130,8 @@ def test_an_entry_may_name_several_impls(tmp_path):
 
 def test_a_pass_entry_shadows_broader_entries_and_expects_a_pass(tmp_path):
     path = tmp_path / "e.toml"
-    path.write_text('[[expect]]\nimpl = "torch"\ncases = ["*-(dropout_p0)-*"]\noutcome = "pass"\nreason = "draws nothing"\n'
+    path.write_text('[[expect]]\nimpl = "torch"\ncases = ["*-(dropout_p0)-*"]\noutcome = "pass"\n'
+                    'reason = "draws nothing"\n'
                     '[[expect]]\nimpl = "torch"\ncases = ["*-tracked-*"]\nreason = "tracker"\n')
     entries = expectations.load(path)
     entry = expectations.find(entries, "torch", "nonreentrant-tracked-eager-(dropout_p0)-none-cpu")

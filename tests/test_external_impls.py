@@ -576,7 +576,8 @@ BROKEN = {
         "megatron/core/__init__.py": "raise ImportError(\"No module named 'triton' (stand-in)\")\n",
     },
     "transformer_engine": {
-        "transformer_engine/__init__.py": "raise OSError(\"libtransformer_engine.so: cannot open shared object file (stand-in)\")\n",
+        "transformer_engine/__init__.py":
+            "raise OSError(\"libtransformer_engine.so: cannot open shared object file (stand-in)\")\n",
     },
 }
 

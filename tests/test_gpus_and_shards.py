@@ -57,7 +57,8 @@ def test_index_preference_yields_to_a_free_gpu(tmp_path):
     first = gpus.claim_gpu(1, ["4", "6"], tmp_path)  # gw1 takes 6 in this process
     other = subprocess.run(
         [sys.executable, "-c",
-         f"from pathlib import Path; from harness.fronts import gpus; print(gpus.claim_gpu(3, ['4','6'], Path({str(tmp_path)!r})))"],
+         "from pathlib import Path; from harness.fronts import gpus; "
+         f"print(gpus.claim_gpu(3, ['4','6'], Path({str(tmp_path)!r})))"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert first == ("6", True)
@@ -68,7 +69,8 @@ def test_more_workers_than_gpus_share_round_robin(tmp_path):
     gpus.claim_gpu(0, ["0"], tmp_path)
     out = subprocess.run(
         [sys.executable, "-c",
-         f"from pathlib import Path; from harness.fronts import gpus; print(gpus.claim_gpu(1, ['0'], Path({str(tmp_path)!r})))"],
+         "from pathlib import Path; from harness.fronts import gpus; "
+         f"print(gpus.claim_gpu(1, ['0'], Path({str(tmp_path)!r})))"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert out == "('0', False)"

@@ -139,7 +139,8 @@ def test_an_interrupted_factory_is_not_swallowed():
 def test_a_factory_returning_a_non_adapter_says_what_it_returned():
     message = _load_error("faulty_adapters:make_not_an_adapter")
     assert message.startswith("factory faulty_adapters:make_not_an_adapter for implementation "
-                              "'faulty_adapters:make_not_an_adapter' did not return an adapter: got _Wordy <Wordy word word")
+                              "'faulty_adapters:make_not_an_adapter' did not return an adapter: "
+                              "got _Wordy <Wordy word word")
     assert message.endswith("...") and len(message) < 250
 
 

@@ -121,7 +121,8 @@ def test_a_worker_that_cannot_start_quotes_its_output_whole():
         ([f"l{i}" for i in range(20)], "\n".join(f"l{i}" for i in range(20 - LAST_LINES, 20))),
         (["noise", "Fatal Python error: Segmentation fault", "Current thread 0x1 (most recent call first):",
           '  File "x.py", line 3 in f'],
-         'Fatal Python error: Segmentation fault\nCurrent thread 0x1 (most recent call first):\n  File "x.py", line 3 in f'),
+         'Fatal Python error: Segmentation fault\nCurrent thread 0x1 (most recent call first):\n'
+         '  File "x.py", line 3 in f'),
     ],
 )
 def test_summarize_output_keeps_whole_lines(lines, expected):

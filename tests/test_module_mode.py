@@ -55,7 +55,8 @@ def test_a_control_that_never_rewinds_is_caught_at_its_first_draw(factory, first
 
 def test_a_control_that_never_recomputes_is_named_too():
     result = run_module("examples.mlp:factory", impls.load("neg-no-recompute"))
-    assert result.first_divergent == "recompute draw 1 of 2 (aten::bernoulli_): the site was never recomputed (iteration 0)"
+    assert result.first_divergent == ("recompute draw 1 of 2 (aten::bernoulli_): "
+                                      "the site was never recomputed (iteration 0)")
 
 
 def test_wrap_selects_submodules_and_draws_outside_them_are_not_expected_to_recompute():
@@ -67,7 +68,8 @@ def test_wrap_selects_submodules_and_draws_outside_them_are_not_expected_to_reco
 
 @pytest.mark.parametrize("factory", ["module_factories:tuple_factory", "module_factories:keyword_factory"])
 def test_factories_may_return_a_tuple_or_keyword_inputs(factory):
-    assert run_module(factory, impls.load("bundled"), mode=Mode.REENTRANT if "tuple" in factory else Mode.NONREENTRANT).passed
+    assert run_module(factory, impls.load("bundled"),
+                      mode=Mode.REENTRANT if "tuple" in factory else Mode.NONREENTRANT).passed
 
 
 @pytest.mark.parametrize("factory, wrap, message", [
@@ -153,7 +155,8 @@ def test_module_records_are_read_by_report_merge_and_compare(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["module", "nope:factory"], "cannot import 'nope'"),
     (["module", "examples.mlp:factory", "--wrap", "x*"], "--wrap 'x*' matches no submodule"),
-    (["module", "examples.mlp:factory", "--device", "cpu", "--capture", "single"], "--capture single needs --device cuda"),
+    (["module", "examples.mlp:factory", "--device", "cpu", "--capture", "single"],
+     "--capture single needs --device cuda"),
     (["module", "examples.mlp:factory", "--iterations", "1"], "--iterations must be at least 2"),
 ])
 def test_bad_input_on_the_command_line_is_one_line_and_exit_2(argv, message, capsys):
@@ -312,7 +315,8 @@ def test_the_count_is_draws_per_forward_at_sites():
     # dropouts of the three layers that ran in one iteration or the other.
     assert (result.draws_per_forward, len(result.draws)) == (6, 4)
     line = text("x:y", "bundled", "cpu", Capture.EAGER, Mode.NONREENTRANT, result).splitlines()[1]
-    assert line == "wrapped: 'layers.0', 'layers.1', 'layers.2', 'layers.3'; 6 RNG draws per forward at 4 sites, 2 iterations"
+    assert line == ("wrapped: 'layers.0', 'layers.1', 'layers.2', 'layers.3'; "
+                    "6 RNG draws per forward at 4 sites, 2 iterations")
 
 
 # ------------------------------------------------------------------ the false failures, fixed
@@ -361,7 +365,8 @@ def test_buffers_are_compared_batch_norm_updated_again_by_the_recompute():
         assert result.outcome == "mismatch" and {m.oracle for m in result.mismatches} == {"buffer"}
         subjects = {m.subject for m in result.mismatches}
         assert {"blocks.0.norm.num_batches_tracked", "blocks.0.norm.running_mean"} <= subjects
-        assert result.first_divergent is None and "Module state: the recompute updated buffers again" in result.diagnosis
+        assert (result.first_divergent is None
+                and "Module state: the recompute updated buffers again" in result.diagnosis)
     # Without checkpointing inside a BatchNorm (wrapping only the linear layers) it passes.
     assert run_module("examples.stochastic_depth:batch_norm", impls.load("torch"), wrap=["blocks.*.linear"]).passed
 
@@ -401,7 +406,8 @@ def test_an_impls_declared_limit_is_unsupported_with_its_reason(capsys):
     assert main(["module", "examples.mlp:factory", "--impl", "torch-sac-recompute", "--mode", "reentrant",
                  "--device", "cpu"]) == 1  # nothing was judged
     captured = capsys.readouterr()
-    assert ": unsupported\nselective checkpointing" in captured.out and "none of its 1 selected cases ran" in captured.err
+    assert (": unsupported\nselective checkpointing" in captured.out
+            and "none of its 1 selected cases ran" in captured.err)
     # An impl that must run everything and declares no limit for the model: a failure.
     assert main(["module", "examples.mlp:factory", "--impl", "faulty_adapters:make_bundled_declining_all",
                  "--device", "cpu"]) == 1

@@ -175,7 +175,8 @@ def test_every_structure_meets_every_layout_capture_and_mode_in_the_default_matr
     met: dict[str, set] = {}
     for case in generate(device=device):
         for kind in structure_kinds(case.program):
-            met.setdefault(kind, set()).update({("layout", case.layout), ("capture", case.capture), ("mode", case.mode)})
+            met.setdefault(kind, set()).update({("layout", case.layout), ("capture", case.capture),
+                                                ("mode", case.mode)})
     assert len(met) == 7, sorted(met)
     assert {kind: wanted - seen for kind, seen in met.items() if wanted - seen} == {}
 

@@ -131,7 +131,8 @@ def test_summary_escapes_pipes_so_tables_keep_their_shape():
 def test_stale_entries_and_unmatched_expectations_are_prominent(tmp_path):
     records = [rec(outcome="pass", expected="torch never saves tracker streams"), rec(impl="torch")]
     entries = [expectations.Expectation("torch", ("*-nosuchlayout-*",), "dead entry")]
-    report.write(records, tmp_path / "r", unmatched=expectations.entry_problems(entries, impls.registered()), step_summary=False)
+    report.write(records, tmp_path / "r", unmatched=expectations.entry_problems(entries, impls.registered()),
+                 step_summary=False)
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert "### ⚠ Stale expectations: 1" in summary and "torch never saves tracker streams" in summary
     assert "### ⚠ Expectation problems: 1" in summary and "*-nosuchlayout-*" in summary

@@ -68,7 +68,8 @@ def test_bundled_has_no_divergence():
                     "autocast(uniform_)-draws-cpu", 0),
         ("torch", "nonreentrant-mixed-eager-x4:(native_dropout@d+(randperm.f16@t))-none-cpu", 1),
         ("neg-two-slots", "reentrant-default-eager-(native_dropout+((native_dropout)))-none-cpu", 1),
-        ("torch", "nonreentrant-default-eager-f16:normal_+closure(multinomial+sdpa_kernel(sdpa_math))+rand-draws-cpu", 0),
+        ("torch", "nonreentrant-default-eager-f16:normal_+closure(multinomial+sdpa_kernel(sdpa_math))+rand-"
+                  "draws-cpu", 0),
         # issue 29's structures: one tensor feeding two regions, passed twice, a third iteration,
         # attention that pins no backend
         ("bundled", "nonreentrant-tracked-eager-(native_dropout)&(native_dropout)-draws-cpu", 0),
@@ -163,7 +164,8 @@ def test_the_scripts_op_table_is_the_registry_op_for_op():
         torch.manual_seed(1234)
         expected = spec.apply(h.clone(), True)
         torch.manual_seed(1234)
-        got = (template["OPS"][op.value] if op.value in template["OPS"] else template["attention"](op.value, True))(h.clone())
+        got = (template["OPS"][op.value] if op.value in template["OPS"]
+               else template["attention"](op.value, True))(h.clone())
         for g, e in zip(got, expected):
             assert g.dtype == e.dtype and g.shape == e.shape and torch.equal(int_view(g), int_view(e)), op
         compared.append(op)

@@ -63,8 +63,8 @@ def test_a_saved_first_rng_op_shifts_the_next_one_in_the_recompute():
     assert {m.oracle for m in result.mismatches} == {"recompute-mask", "gradient"}
     assert {m.subject for m in result.mismatches if m.oracle == "recompute-mask"} == {"s1"}
     # one drawing site per region: nothing after the saved one, nothing shifted
-    assert run("torch-sac-save-first-rng", "nonreentrant-default-eager-nodraw.f32.small.positional.flat-none-cpu").outcome \
-        is Outcome.PASS
+    assert run("torch-sac-save-first-rng",
+               "nonreentrant-default-eager-nodraw.f32.small.positional.flat-none-cpu").outcome is Outcome.PASS
 
 
 def test_titans_policy_is_torch_on_the_cpu():

@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="run cases for one or more impls and write a report")
     _add_filters(p_run)
     p_run.add_argument("--impl", action="append", default=[],
-                       help="impl name(s) or module:factory; default bundled (the names: python -m harness list --impls)")
+                       help="impl name(s) or module:factory; default bundled "
+                            "(the names: python -m harness list --impls)")
     p_run.add_argument("--report-dir", default=None, help="default: reports/<timestamp>-<pid>")
     p_run.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
     p_run.add_argument("-q", "--quiet", action="store_true", help="print only the final counts")
@@ -153,20 +154,23 @@ def _parser() -> argparse.ArgumentParser:
                         help="append every program's record to DIR/results.jsonl as it is judged and write a "
                              "report there at the end (also when stopped); default: no report")
     p_fuzz.add_argument("--no-database", dest="database", action="store_false",
-                        help="no Hypothesis example database (default: .hypothesis/harness-fuzz replays earlier failures first)")
+                        help="no Hypothesis example database "
+                             "(default: .hypothesis/harness-fuzz replays earlier failures first)")
     p_fuzz.add_argument("--allow-unsupported", action="store_true",
                         help="run the impl even when its package cannot load (every case unsupported)")
 
-    p_module = sub.add_parser("module", help="your own model: its module checkpointed by an impl (or by itself) against "
-                                             "the same module without, bit for bit, naming the first RNG draw that diverges")
+    p_module = sub.add_parser("module",
+                              help="your own model: its module checkpointed by an impl (or by itself) against "
+                                   "the same module without, bit for bit, naming the first RNG draw that diverges")
     p_module.add_argument("factory", metavar="PKG.MOD:FACTORY", nargs="+",
-                          help="a function returning harness.fronts.module_mode.ModelCase(module, inputs) or (module, inputs); "
-                               "the module is importable from the current directory (repeatable)")
+                          help="a function returning harness.module_mode.ModelCase(module, inputs) or "
+                               "(module, inputs); the module is importable from the current directory (repeatable)")
     p_module.add_argument("--impl", action="append", default=[],
                           help="impl name(s), comma lists allowed; 'as-built' judges the model's own checkpointing "
                                "(a factory taking checkpointing=True/False); default bundled")
     p_module.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
-    p_module.add_argument("--capture", default="eager", help="eager (default), separate or single (cuda only); comma list")
+    p_module.add_argument("--capture", default="eager",
+                          help="eager (default), separate or single (cuda only); comma list")
     p_module.add_argument("--mode", default="nonreentrant", help="nonreentrant (default) or reentrant; comma list")
     p_module.add_argument("--wrap", action="append", default=None, metavar="PATTERN",
                           help="named_modules() paths whose forward the impl checkpoints: '*' within one path "
@@ -186,13 +190,15 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--cases", type=int, default=None, metavar="N",
                          help="cases to run in all, repeating the matrix (default: 1000 on cuda, one matrix on cpu, "
                               "and then the default matrix's wall time in a fresh process; with N, only N cases)")
-    p_bench.add_argument("--json", default="bench.json", metavar="FILE", help="where the figures go (default bench.json)")
+    p_bench.add_argument("--json", default="bench.json", metavar="FILE",
+                         help="where the figures go (default bench.json)")
     p_bench.add_argument("--allow-unsupported", action="store_true",
                          help="run the impl even when its package cannot load (every case unsupported)")
 
     p_exp = sub.add_parser("expectations", help="which expectation entry claims a case, and conflicts between entries")
     exp_sub = p_exp.add_subparsers(dest="action", required=True)
-    p_explain = exp_sub.add_parser("explain", help="which entry claims CASE for --impl, and why each other one does not")
+    p_explain = exp_sub.add_parser("explain",
+                                   help="which entry claims CASE for --impl, and why each other one does not")
     p_explain.add_argument("case_id", metavar="CASE")
     p_explain.add_argument("--impl", required=True)
     p_explain.add_argument("--version", default=None, help="the impl version to judge for (versions ranges)")
@@ -200,7 +206,8 @@ def _parser() -> argparse.ArgumentParser:
                                                        "claim with different failures (exit 1 when any)")
     p_conflicts.add_argument("--device", default="cpu,cuda", help="the matrices to look in (default cpu,cuda)")
     for p in (p_explain, p_conflicts):
-        p.add_argument("--expectations", default=None, metavar="FILE", help="expectations file (default cases/expectations.toml)")
+        p.add_argument("--expectations", default=None, metavar="FILE",
+                       help="expectations file (default cases/expectations.toml)")
 
     report_cli.add_commands(sub, COMMANDS)
     return parser
@@ -286,7 +293,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"no case finished: nothing to report ({live.path} is empty)", file=sys.stderr)
         return status
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report of what finished
-        written = reporting.write(records, report_dir, env, unmatched=expectations_mod.entry_problems(entries, impls.registered()),
+        written = reporting.write(records, report_dir, env,
+                                  unmatched=expectations_mod.entry_problems(entries, impls.registered()),
                                   interrupted=interrupted)
     progress.finish(written)
     if interrupted:
@@ -455,7 +463,8 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
     if args.report_dir and records:
         interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
-        written = reporting.write(records, Path(args.report_dir), env, unmatched=expectations_mod.entry_problems(entries, impls.registered()),
+        written = reporting.write(records, Path(args.report_dir), env,
+                                  unmatched=expectations_mod.entry_problems(entries, impls.registered()),
                                   interrupted=interrupted)
         print(f"report:  {written}")
     counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))

@@ -425,7 +425,8 @@ def _draw_names(record: RunRecord, iteration: int | None = None) -> list[str]:
 # `supports` and `limit` (which read a case's program).
 ATEN_OPS = {
     "aten::native_dropout": Op.NATIVE_DROPOUT, "aten::bernoulli_": Op.BERNOULLI, "aten::bernoulli": Op.BERNOULLI,
-    "aten::rand": Op.RAND, "aten::randn": Op.RANDN, "aten::rand_like": Op.RAND_LIKE, "aten::randn_like": Op.RANDN_LIKE, "aten::randint": Op.RANDINT,
+    "aten::rand": Op.RAND, "aten::randn": Op.RANDN, "aten::rand_like": Op.RAND_LIKE, "aten::randn_like": Op.RANDN_LIKE,
+    "aten::randint": Op.RANDINT,
     "aten::normal_": Op.NORMAL, "aten::uniform_": Op.UNIFORM, "aten::multinomial": Op.MULTINOMIAL,
     "aten::randperm": Op.RANDPERM, "aten::poisson": Op.POISSON, "aten::exponential_": Op.EXPONENTIAL,
     "aten::_scaled_dot_product_efficient_attention": Op.SDPA_EFFICIENT,

@@ -285,7 +285,9 @@ class ReportCollector:
             with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report
                 written = reporting.write(list(self.records.values()), self.target(), environment(),
                                           interrupted=interrupted,
-                                          unmatched=expectations_mod.entry_problems(self.config._harness_expectations, impls.registered()))  # type: ignore[attr-defined]
+                                          unmatched=expectations_mod.entry_problems(
+                                              self.config._harness_expectations,  # type: ignore[attr-defined]
+                                              impls.registered()))
         except reporting.ReportError as exc:
             self.line = f"harness report NOT written: {exc}"
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR

@@ -449,7 +449,8 @@ INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: to
 
 def differ(got, expected, what):
     if got is None or expected is None:
-        return None if got is expected else f"{what}: no gradient in the {'checkpointed' if got is None else 'reference'} run"
+        return None if got is expected else (
+            f"{what}: no gradient in the {'checkpointed' if got is None else 'reference'} run")
     got, expected = got.detach().contiguous().cpu(), expected.detach().contiguous().cpu()
     a, b = got.view(INT.get(got.dtype, got.dtype)), expected.view(INT.get(expected.dtype, expected.dtype))
     if a.dtype == torch.uint8 and got.dtype != torch.bool and a.numel() % 8 == 0:

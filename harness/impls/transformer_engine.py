@@ -64,7 +64,8 @@ class TransformerEngineAdapter(PackageAdapter):
     def make_tracker(self, device: Any) -> TrackerView:
         return TrackerView(self.module().CudaRNGStatesTracker(), device)
 
-    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **region_kwargs: Any) -> Any:
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any,
+                   **region_kwargs: Any) -> Any:
         distributed = self.module()
         # te.checkpoint pops its own keywords and passes the rest to the region.
         kwargs: dict[str, Any] = {**region_kwargs, "use_reentrant": reentrant}

@@ -21,8 +21,9 @@ first_draw_in_region   the first drawing site of some region (its inner regions'
                        they run inside it) runs one of these ops (what a policy saving a
                        region's first RNG op saves)
 op_before_draw         some site of a region (its own) runs one of these ops and a site of that
-                       region drawing with another op from the same stream comes after it (if a policy saves the first op
-                       and recomputes the other, the other redraws from a shifted position)
+                       region drawing with another op from the same stream comes after it (if a
+                       policy saves the first op and recomputes the other, the other redraws
+                       from a shifted position)
 after_region           true: some site or region comes after a region, in the program or inside
                        a region (it runs between that region's forward and its recompute);
                        false: none does
@@ -127,7 +128,8 @@ def facts_of(case: Case) -> CaseFacts:
     # A region's own sites, not its inner regions' (each inner region is a checkpoint of its own,
     # with its own selective policy: a nested region's ops are not the outer policy's to save).
     own = [[item for item in region.items if not isinstance(item, Region)] for region in program.all_regions()]
-    region_draws = [[site for site in region.sites() if ops.REGISTRY[site.op].draws] for region in program.all_regions()]
+    region_draws = [[site for site in region.sites() if ops.REGISTRY[site.op].draws]
+                    for region in program.all_regions()]
     # A saved RNG op shifts only the later draws of its own stream (a tracked draw does not move
     # the default generator): what follows must draw from the same stream to be shifted.
     before_draw = {site.op.value for sites in own for n, site in enumerate(sites)

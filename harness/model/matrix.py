@@ -322,7 +322,8 @@ def covering(device: Device) -> tuple[Case, ...]:
                 row = {**core, "layout": layout, "nesting": nesting}
                 if row.get(factor) is not value or row.get(axis) is not axis_value:
                     continue
-                gain = fixed + by_layout[layout] + by_nesting[nesting] + (("nesting", nesting, "layout", layout) in todo)
+                gain = (fixed + by_layout[layout] + by_nesting[nesting]
+                        + (("nesting", nesting, "layout", layout) in todo))
                 cost = _cost(row)
                 if best is None or (gain, -cost) > (best[0], -best[2]):
                     best = (gain, row, cost)

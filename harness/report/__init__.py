@@ -193,7 +193,8 @@ def write(records: "Iterable[CaseRecord | dict[str, Any]]", report_dir: "str | P
     summary to ``$GITHUB_STEP_SUMMARY`` when it is set and `step_summary` is true.
 
     `unmatched` are the expectation-problem lines shown under "Needs attention" (the runner
-    computes them: `expectations.entry_problems`; the report reads no expectations).  `interrupted` (e.g. "interrupted after 12 of 60 cases") marks an
+    computes them: `expectations.entry_problems`; the report reads no expectations).
+    `interrupted` (e.g. "interrupted after 12 of 60 cases") marks an
     interrupted run in every file: a banner atop summary.md, report.html and the step summary, the
     key ``interrupted`` on every record of results.jsonl (so a column of cases.csv) and a column
     of mismatches.csv.  An empty run, or a directory that cannot be written, raises ReportError

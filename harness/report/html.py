@@ -76,7 +76,8 @@ table.matrix caption { text-align: left; font-weight: 600; padding: 0 0 4px; }
 table.matrix td { border: 1px solid var(--line); padding: 6px 8px; vertical-align: top; min-width: 118px; }
 td.c-pass { background: var(--bg-pass); } td.c-mismatch { background: var(--bg-mismatch); }
 td.c-error { background: var(--bg-error); } td.c-crash { background: var(--bg-crash); }
-td.c-timeout { background: var(--bg-timeout); } td.c-stale { background: var(--bg-stale); box-shadow: inset 0 0 0 2px var(--stale); }
+td.c-timeout { background: var(--bg-timeout); }
+td.c-stale { background: var(--bg-stale); box-shadow: inset 0 0 0 2px var(--stale); }
 td.c-xfail { background: var(--bg-xfail); } td.c-unsupported, td.c-skipped { background: var(--bg-skipped); }
 td.c-empty { background: #fff; }
 .cell { display: flex; align-items: center; gap: 8px; }
@@ -94,20 +95,27 @@ details.group { margin: 4px 0; } details.group > summary { cursor: pointer; }
 details.case { border: 1px solid var(--line); border-radius: 6px; margin: 6px 0; }
 details.case > summary { padding: 6px 10px; cursor: pointer; }
 details.case > div { padding: 2px 12px 10px; }
-details.case.fail { border-left: 4px solid var(--mismatch); } details.case.stale { border-left: 4px solid var(--stale); }
+details.case.fail { border-left: 4px solid var(--mismatch); }
+details.case.stale { border-left: 4px solid var(--stale); }
 details.case.xfail { border-left: 4px solid var(--xfail); }
 details.case:target, details.case.hit { box-shadow: 0 0 0 3px #54aeff; }
 table.mm td, table.mm th { border: 1px solid var(--line); padding: 3px 8px; text-align: left; font-size: 12.5px; }
 table.mm th { background: #f6f8fa; }
 .cmd { background: #f6f8fa; padding: 3px 6px; border-radius: 4px; user-select: all; }
 .muted { color: var(--muted); }
-.banner { background: var(--bg-mismatch); border: 2px solid var(--mismatch); border-radius: 6px; padding: 8px 14px; margin: 10px 0; font-size: 15px; }
+.banner {
+  background: var(--bg-mismatch); border: 2px solid var(--mismatch); border-radius: 6px;
+  padding: 8px 14px; margin: 10px 0; font-size: 15px;
+}
 .box.skip { background: var(--bg-unsupported); border-color: var(--unsupported); }
 .box.interrupted { background: var(--bg-mismatch); border: 2px solid var(--mismatch); }
 .sq.v-fail { outline: 2px solid var(--mismatch); outline-offset: 1px; }
 .note { font-weight: 600; }
 pre.tb { max-height: 26em; overflow-y: auto; }
-.envname { font-weight: 600; margin: 12px 0 2px; padding: 2px 8px; background: #f6f8fa; border-left: 3px solid #8c959f; display: inline-block; }
+.envname {
+  font-weight: 600; margin: 12px 0 2px; padding: 2px 8px; background: #f6f8fa; border-left: 3px solid #8c959f;
+  display: inline-block;
+}
 """
 
 SCRIPT = """
@@ -118,7 +126,9 @@ function openTarget() {
   el.scrollIntoView();
 }
 window.addEventListener('hashchange', openTarget); window.addEventListener('load', openTarget);
-function setAll(cls, open) { document.querySelectorAll('details.case.' + cls).forEach(function (d) { d.open = open; }); }
+function setAll(cls, open) {
+  document.querySelectorAll('details.case.' + cls).forEach(function (d) { d.open = open; });
+}
 """
 
 
@@ -365,8 +375,9 @@ def _case_details(case: CaseNote) -> str:
     expected = expectation_text(record, full=True)
     if expected:
         issue = text(record, "expected_issue")
-        issue_html = f' (<a href="{_e(issue)}" rel="noreferrer">{_e(issue)}</a>)' if issue.startswith(("http://", "https://")) \
-            else (f" ({_e(issue)})" if issue else "")
+        issue_html = (f' (<a href="{_e(issue)}" rel="noreferrer">{_e(issue)}</a>)'
+                      if issue.startswith(("http://", "https://"))
+                      else (f" ({_e(issue)})" if issue else ""))
         body.append(f"<p>Expected to fail: <i>{_e(expected)}</i>{issue_html}</p>")
     if verdict_name == "stale":
         body.append("<p><b>It passed: the expectation is stale.</b></p>")
@@ -382,7 +393,8 @@ def _case_details(case: CaseNote) -> str:
     if text(record, "diagnosis"):
         body.append(f"<p>Diagnosis: {_e(record['diagnosis'])}</p>")
     if text(record, "checkpointed"):
-        body.append(f'<p class="muted">Checkpointed: {_e(record["checkpointed"])}; {_e(record.get("draws_per_forward"))} '
+        body.append(f'<p class="muted">Checkpointed: {_e(record["checkpointed"])}; '
+                    f'{_e(record.get("draws_per_forward"))} '
                     f"RNG draws per forward at {_e(record.get('draw_sites'))} sites</p>")
     if text(record, "reason") and name not in ("mismatch", "xfail"):
         body.append(f"<p>Reason: {_e(record['reason'])}</p>")

@@ -154,7 +154,8 @@ def summary(model: RunModel) -> str:
               table(model.counts), ""]
     lines += ["## Layout x capture", "",
               f"Each cell counts the cases of one layout and capture over nesting "
-              f"({', '.join(n or 'spec' for n in model.nestings)}) and interleave ({', '.join(model.interleaves)}), by status: "
+              f"({', '.join(n or 'spec' for n in model.nestings)}) "
+              f"and interleave ({', '.join(model.interleaves)}), by status: "
               + ", ".join(STATUSES) + ".", ""]
     for matrix in model.matrices:
         lines += [f"### {matrix.title()}", "", matrix_markdown(matrix), ""]

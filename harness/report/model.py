@@ -380,10 +380,12 @@ def _matrix(impl: str, mode: str, env: str, records: Sequence[Mapping[str, Any]]
         # bottom: the grid flows by column, so a program's cases stay in one column.
         squares = []
         for n in nestings:
-            programs = list(dict.fromkeys(str(r.get("program", "")) for i in interleaves for r in found.get((n, i), [])))
+            programs = list(dict.fromkeys(str(r.get("program", "")) for i in interleaves
+                                          for r in found.get((n, i), [])))
             for program in programs or [None]:
                 for i in interleaves:
-                    match = [r for r in found.get((n, i), []) if program is not None and str(r.get("program", "")) == program]
+                    match = [r for r in found.get((n, i), [])
+                             if program is not None and str(r.get("program", "")) == program]
                     squares.extend(_square(r) for r in (match or [None]))
         cells[place] = Cell(tuple(squares))
     return Matrix(impl, mode, env,

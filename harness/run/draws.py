@@ -135,9 +135,11 @@ def diagnose(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRe
 def _scaled(reference: RunRecord, under_test: RunRecord, m: Mismatch) -> float | None:
     """`compare.scaled_difference` of the two runs' tensors behind a gradient or output mismatch."""
     if m.oracle == "gradient":
-        got, expected = under_test.grads.get(m.iteration, {}).get(m.subject), reference.grads.get(m.iteration, {}).get(m.subject)
+        got, expected = (under_test.grads.get(m.iteration, {}).get(m.subject),
+                         reference.grads.get(m.iteration, {}).get(m.subject))
     else:
-        got_all, expected_all = under_test.draws(m.iteration, m.subject, FORWARD), reference.draws(m.iteration, m.subject, FORWARD)
+        got_all, expected_all = (under_test.draws(m.iteration, m.subject, FORWARD),
+                                 reference.draws(m.iteration, m.subject, FORWARD))
         got, expected = (got_all[0], expected_all[0]) if got_all and expected_all else (None, None)
     if got is None or expected is None:
         return None

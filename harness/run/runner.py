@@ -411,9 +411,10 @@ def require_reproducible(case: Case, first: RunRecord, second: RunRecord, output
     compares (the ops of `OpSpec.reproducible` False)."""
     difference = reproduction_difference(first, second, output_names, iterations)
     if difference:
+        unreproducible = sorted(op.value for op in case.program.ops() if not ops.REGISTRY[op].reproducible)
         raise NotReproducible(
             f"the reference is not bit-reproducible here: a second identical run differs ({difference}); the "
-            f"backward of {', '.join(sorted(op.value for op in case.program.ops() if not ops.REGISTRY[op].reproducible))} "
+            f"backward of {', '.join(unreproducible)} "
             "accumulates in a run-to-run order on this GPU, so no oracle can judge this case")
 
 

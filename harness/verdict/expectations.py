@@ -262,7 +262,8 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
     unless = []
     for table in unless_raw:
         if not isinstance(table, Mapping) or not table or set(table) - set(FACT_KEYS):
-            raise ExpectationError(f"{where} unless must be a table of facts ({', '.join(FACT_KEYS)}) or a list of them")
+            raise ExpectationError(f"{where} unless must be a table of facts ({', '.join(FACT_KEYS)}) "
+                                   "or a list of them")
         unless.append(tuple(check_facts(table, f"{where} unless", ExpectationError).items()))
     return Expectation(
         raw["impl"], patterns, raw["reason"], raw.get("issue", ""), versions.strip(), outcomes, oracles, message,
