@@ -371,6 +371,23 @@ def test_bench_with_cases_runs_that_many_and_nothing_else(tmp_path, monkeypatch,
     figures = json.loads(out.read_text())
     assert figures["cases_run"] == 3 and figures["default_matrix_wall_s_from_process_start"] is None
     assert "not measured (--cases N)" in capsys.readouterr().out
+    rows = figures["memory_by_pass"]  # after the warm-up, then after the (partial) pass
+    assert [(r["pass"], r["cases"]) for r in rows] == [(0, 0), (1, 3)] and rows[-1]["host_rss_MiB"] > 0
+    assert figures["memory_flat"]["host_rss_MiB"].startswith("not measured (fewer than two passes")
+
+
+def test_bench_says_whether_memory_stayed_flat_over_the_second_half_of_the_run():
+    from harness.fronts.bench import flatness
+
+    rows = [{"pass": p, "cases": 370 * p, "reserved_MiB": r, "allocated_MiB": a, "host_rss_MiB": h}
+            for p, r, a, h in [(0, 10, 1, 900), (1, 500, 2, 1000), (2, 1000, 2, 1050), (3, 1000, 2, 1090),
+                               (4, 2100, 2, 1100)]]
+    verdicts = flatness(rows)
+    assert verdicts["reserved_MiB"] == ("growing: 1000 after pass 2 (740 cases), 2100 after pass 4 (1480 cases), "
+                                        "+110.0%")
+    assert verdicts["allocated_MiB"].startswith("flat: 2 after pass 2") and verdicts["host_rss_MiB"].startswith("flat")
+    no_cuda = [{**row, "reserved_MiB": None} for row in rows]
+    assert flatness(no_cuda)["reserved_MiB"] == "no CUDA"
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-3"])

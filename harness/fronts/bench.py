@@ -4,8 +4,10 @@ Reports, per capture mode: cases per second; the mean per-case time split into s
 run, checkpointed run, comparison and reporting; the bare workload (the same reference and
 checkpointed forward/backward with no harness bookkeeping: no mask copies, no stream snapshots, no
 gradient copies, no oracles) and the ratio of harness time to it.  Also: device memory reserved
-after 10 cases and after N cases (the matrix repeated), peak host RSS, and the wall time of the
-default matrix from process start (`python -m harness run` in a fresh process).
+after 10 cases and after N cases (the matrix repeated); after every pass over the matrix, device
+memory reserved and allocated and the host's resident memory, and whether each stayed flat over the
+second half of the run (`flatness`); peak host RSS; and the wall time of the default matrix from
+process start (`python -m harness run` in a fresh process).
 """
 
 from __future__ import annotations
@@ -66,6 +68,50 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _rss_mib() -> float:
+    """This process's resident memory now (Linux /proc; elsewhere the peak, the best there is)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return _peak_rss_mib()
+    return pages * resource.getpagesize() / 2**20
+
+
+def memory_now(passes: int, cases: int) -> dict[str, Any]:
+    """One row of memory over time: device memory reserved and allocated (None without CUDA) and
+    host RSS, in MiB, after `passes` passes over the matrix (`cases` cases)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {"pass": passes, "cases": cases,
+            "reserved_MiB": round(torch.cuda.memory_reserved() / 2**20, 1) if cuda else None,
+            "allocated_MiB": round(torch.cuda.memory_allocated() / 2**20, 1) if cuda else None,
+            "host_rss_MiB": round(_rss_mib(), 1)}
+
+
+FLAT_GROWTH = 0.10  # the issue's bar: after 1000 and after 2000 cases within 10 %
+
+
+def flatness(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Per figure, whether memory stayed flat over the second half of the run: its value after the
+    middle pass against after the last one (growth within `FLAT_GROWTH`).  Fewer than two passes
+    say so rather than guess."""
+    full = [row for row in rows if row["pass"] >= 1]
+    if len(full) < 2:
+        return {name: "not measured (fewer than two passes over the matrix)"
+                for name in ("reserved_MiB", "allocated_MiB", "host_rss_MiB")}
+    middle, last = full[(len(full) - 1) // 2], full[-1]
+    verdicts = {}
+    for name in ("reserved_MiB", "allocated_MiB", "host_rss_MiB"):
+        before, after = middle[name], last[name]
+        if before is None or after is None:
+            verdicts[name] = "no CUDA"
+            continue
+        growth = (after - before) / before if before else (0.0 if after == before else float("inf"))
+        word = "flat" if growth <= FLAT_GROWTH else "growing"
+        verdicts[name] = (f"{word}: {before:g} after pass {middle['pass']} ({middle['cases']} cases), {after:g} after "
+                          f"pass {last['pass']} ({last['cases']} cases), {growth:+.1%}")
+    return verdicts
+
+
 def _default_matrix_wall(impl_name: str, device: str) -> float:
     """Seconds for `python -m harness run` over the default matrix, from process start."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,6 +139,7 @@ def bench(target: Target, device: str, total_cases: int, matrix_wall: bool = Tru
     memory: dict[str, float | None] = {}
     done = 0
     first_pass = True
+    by_pass = [memory_now(0, 0)]  # after the warm-up cases
     while done < total_cases:
         for case in cases:
             start = time.perf_counter()
@@ -117,6 +164,7 @@ def bench(target: Target, device: str, total_cases: int, matrix_wall: bool = Tru
             if done >= total_cases:
                 break
         first_pass = False
+        by_pass.append(memory_now(len(by_pass), done))  # a whole pass, or the part the total allowed
     memory[f"reserved_after_{done}_MiB"] = _reserved_mib()
     rows = []
     for capture, phases in per_capture.items():
@@ -131,6 +179,7 @@ def bench(target: Target, device: str, total_cases: int, matrix_wall: bool = Tru
         "impl": impl_name, "device": device, "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none",
         "per_capture": rows, "memory": memory, "cases_run": done,
+        "memory_by_pass": by_pass, "memory_flat": flatness(by_pass),
         "peak_host_rss_MiB": round(_peak_rss_mib(), 1),
         "default_matrix_wall_s_from_process_start":
             round(_default_matrix_wall(impl_name, device), 2) if matrix_wall else None,
@@ -149,6 +198,10 @@ def render(figures: dict[str, Any]) -> str:
              "default_matrix_wall_s_from_process_start":
                  figures["default_matrix_wall_s_from_process_start"] or "not measured (--cases N)"}
     lines.append(tabulate(extra.items(), headers=["figure", "value"], tablefmt="github"))
+    lines += ["", "memory after each pass over the matrix (pass 0: after the warm-up cases)",
+              tabulate(figures["memory_by_pass"], headers="keys", tablefmt="github"), "",
+              tabulate(figures["memory_flat"].items(), headers=["figure", "second half of the run"],
+                       tablefmt="github")]
     return "\n".join(lines)
 
 
