@@ -321,14 +321,17 @@ def test_registered_includes_every_builtin():
     assert set(BUILTIN) <= set(impls.registered())
 
 
-def test_bundled_counts_an_sdpa_auto_site_in_a_region_as_the_backend_torch_picks(monkeypatch):
+def test_bundled_counts_an_sdpa_auto_site_in_a_region_as_the_backend_torch_picks(monkeypatch, request):
     """sdpa_auto under capture: the bundled limit of the backend torch picks applies (the fuzzer's
     H200 crash, cases/corpus.toml); a site outside every region is no checkpoint's business, and
     the probe is asked about the dtypes of the sites inside regions only."""
     import torch
 
     from harness.impls import bundled
+    from harness.model import ops
 
+    ops.auto_backend.cache_clear()  # the probe's answers below are fakes: none may outlive the test
+    request.addfinalizer(ops.auto_backend.cache_clear)
     asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch, "zeros", lambda shape, device, dtype: asked.append((shape, dtype)) or "q")
@@ -338,7 +341,11 @@ def test_bundled_counts_an_sdpa_auto_site_in_a_region_as_the_backend_torch_picks
     assert bundled.auto_backends(inside) == {"cudnn"} and asked == [((1, 1, 64, 64), torch.bfloat16)]
     reason = bundled.BundledAdapter().limit(inside)
     assert reason and "cuDNN attention" in reason and "sdpa_auto: torch picks cudnn attention for it here" in reason
+    assert len(asked) == 1  # probed once per dtype and shape, however often a limit asks
     outside = parse_case_id("reentrant-default-single-(native_dropout)+sdpa_auto-none-cuda")
     assert bundled.auto_backends(outside) == set() and bundled.BundledAdapter().limit(outside) is None
     eager = parse_case_id("reentrant-default-eager-(native_dropout+sdpa_auto.bf16)-none-cuda")
     assert bundled.BundledAdapter().limit(eager) is None  # the limits are about capture
+    monkeypatch.delattr(torch, "_fused_sdp_choice")  # a torch that cannot be asked: the cautious answer
+    ops.auto_backend.cache_clear()
+    assert bundled.auto_backends(inside) == {"efficient", "cudnn"}

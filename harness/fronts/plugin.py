@@ -181,12 +181,11 @@ def harness_run(request: pytest.FixtureRequest):
 
 def _case_worker(config: pytest.Config) -> isolation.CaseWorker | None:
     """This process's isolated case worker, started on first use (None when not isolating)."""
-    timeout = config.getoption("case_timeout")
     if not config.getoption("isolate"):
         return None
     worker = getattr(config, "_harness_worker", None)
     if worker is None:
-        worker = isolation.CaseWorker(timeout or isolation.DEFAULT_TIMEOUT_S)
+        worker = isolation.CaseWorker(config.getoption("case_timeout") or isolation.DEFAULT_TIMEOUT_S)
         config._harness_worker = worker  # type: ignore[attr-defined]
     return worker
 

@@ -9,7 +9,7 @@ import torch
 from .. import __version__
 from ..checkpoint import checkpoint
 from ..checkpoint.rng import RNGPolicy, ValuePolicy
-from ..model.programs import ATTENTION_VIEWS, TORCH_DTYPES
+from ..model import ops
 from .base import Adapter
 
 
@@ -64,33 +64,16 @@ class BundledAdapter(Adapter):
         return checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, policy=self.policy, **kwargs)
 
 
-# torch.nn.attention.SDPBackend values -> the names the limits use.
-_BACKENDS = {"EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash",
-             "MATH": "math"}
-
-
 def auto_backends(case: Any) -> set[str]:
     """The attention backends torch picks for the ``sdpa_auto`` sites inside the case's regions
-    on this machine (asked with a tensor of the site's view and dtype: ``torch._fused_sdp_choice``,
-    where this torch has it; else every fused backend, the cautious answer).  Empty without such
-    sites or off CUDA.  (On the H200, torch 2.11: memory-efficient for f32 at 64x64 and 1024x1024,
-    cuDNN for bf16 and f16 there, flash or math at 63x65.)"""
+    on this machine (`ops.auto_backend`; where this torch cannot be asked, every fused backend
+    with a limit here, the cautious answer).  Empty without such sites or off CUDA."""
     # Only sites a region recomputes: outside every region no checkpoint touches them.
     dtypes = {site.dtype for site in case.program.checkpointed_sites() if site.op.value == "sdpa_auto"}
     if not dtypes or case.device.value != "cuda" or not torch.cuda.is_available():
         return set()
-    choose = getattr(torch, "_fused_sdp_choice", None)
-    backend_type = getattr(getattr(torch.nn, "attention", None), "SDPBackend", None)
-    if choose is None or backend_type is None:
-        return {"efficient", "cudnn"}
-    # SDPBackend is a pybind11 enum (not iterable): look its members up by name.
-    names = {int(getattr(backend_type, member)): name for member, name in _BACKENDS.items()
-             if hasattr(backend_type, member)}
-    picked = set()
-    for dtype in dtypes:
-        q = torch.zeros(ATTENTION_VIEWS[case.shape], device="cuda", dtype=getattr(torch, TORCH_DTYPES[dtype]))
-        picked.add(names.get(int(choose(q, q, q)), "unknown"))
-    return picked
+    picked = {ops.auto_backend(dtype, case.shape) for dtype in dtypes}
+    return {"efficient", "cudnn"} if None in picked else picked  # type: ignore[return-value]
 
 
 def make_bundled() -> Adapter:

@@ -235,3 +235,27 @@ def unrunnable(op: Op, dtype: Dtype, shape: Shape, device: str) -> str | None:
         if state is not None:
             torch.cuda.set_rng_state(state, q.device)
     return None
+
+
+# torch.nn.attention.SDPBackend member names -> the names limits and messages use.
+_BACKEND_NAMES = {"EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash",
+                  "MATH": "math"}
+
+
+@functools.lru_cache(maxsize=None)
+def auto_backend(dtype: Dtype, shape: Shape) -> str | None:
+    """The attention backend torch picks on the current CUDA device for an ``sdpa_auto`` site of
+    this dtype and shape (asked with a tensor of the site's view: ``torch._fused_sdp_choice``),
+    ("unknown" for a backend not named here), or None where this torch cannot be asked.  Probed
+    once per combination, like `unrunnable`.
+    (On the H200, torch 2.11: memory-efficient for f32 at 64x64 and 1024x1024, cuDNN for bf16
+    and f16 there, flash or math at 63x65.)"""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    backend_type = getattr(getattr(torch.nn, "attention", None), "SDPBackend", None)
+    if choose is None or backend_type is None:
+        return None
+    # SDPBackend is a pybind11 enum (not iterable): look its members up by name.
+    names = {int(getattr(backend_type, member)): name for member, name in _BACKEND_NAMES.items()
+             if hasattr(backend_type, member)}
+    q = torch.zeros(ATTENTION_VIEWS[shape], device="cuda", dtype=getattr(torch, TORCH_DTYPES[dtype]))
+    return names.get(int(choose(q, q, q)), "unknown")

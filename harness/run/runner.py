@@ -290,6 +290,7 @@ OUTSIDE_IMPL = "raised outside the impl (a harness bug, or torch in the harness'
 # The harness's own code: a frame here is not the impl's (impls/ and checkpoint/ are impls' code).
 _CORE = tuple(str(Path(__file__).resolve().parents[1] / part) + os.sep for part in ("run", "check", "model"))
 _TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
+_STDLIB = os.path.dirname(os.__file__) + os.sep
 # torch's checkpoint and compiler machinery: only an impl brings it in (torch's checkpoint, SAC,
 # checkpoint_wrapper, torch.compile), so a frame there is the impl's, not the harness's.
 _TORCH_IMPL = tuple(_TORCH + part for part in ("utils/checkpoint.py", "_dynamo", "_inductor", "_functorch",
@@ -320,14 +321,13 @@ def raised_by_impl(exc: BaseException) -> bool:
     library (the adapter, its tracker, its package)."""
     if isinstance(exc, HarnessError) or getattr(exc, IMPL_RAN, False):
         return True
-    stdlib = os.path.dirname(os.__file__) + os.sep
     tb = exc.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
         filename = str(Path(code.co_filename).resolve()) if code.co_filename[:1] not in ("<", "") else ""
         if code.co_name == "call_impl" or not filename:
             return True
-        if filename.startswith(_TORCH_IMPL) or not filename.startswith((*_CORE, _TORCH, stdlib)):
+        if filename.startswith(_TORCH_IMPL) or not filename.startswith((*_CORE, _TORCH, _STDLIB)):
             return True
         tb = tb.tb_next
     return False
