@@ -22,11 +22,13 @@ def _has_impl(args: list[str]) -> bool:
 
 @nox.session(python=False)
 def gpu(session: nox.Session) -> None:
-    """The full matrix on CUDA (all capture modes), one xdist worker per visible GPU, isolated.
+    """The full matrix on CUDA (all capture modes), several isolated case workers on every GPU.
 
-    Impls: posargs' --impl, else bundled and torch.  Each worker pins itself to a GPU of its own
-    (harness.fronts.gpus) before its first CUDA call; each case runs in a replaceable worker process
-    (--isolate), so an abort or a sticky CUDA error is recorded and the run goes on.
+    Impls: posargs' --impl, else bundled and torch.  `-n auto` starts the harness's count of xdist
+    workers for CUDA (`--workers-per-gpu N`, else from the host's cores and the GPU's memory; the
+    pytest header says how many and why); each pins itself to a GPU (harness.fronts.gpus) before
+    its first CUDA call, and each case runs in a replaceable worker process (--isolate), so an
+    abort or a sticky CUDA error is recorded and the run goes on.
     """
     probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     count = int(session.run(PYTHON, "-c", probe, silent=True).strip().splitlines()[-1])
@@ -34,8 +36,8 @@ def gpu(session: nox.Session) -> None:
         session.error("no CUDA device is visible (torch.cuda.is_available() is False)")
     args = list(session.posargs)
     impl_args = [] if _has_impl(args) else DEFAULT_GPU_IMPLS
-    session.log(f"{count} GPU(s): {count} xdist worker(s)")
-    session.run(PYTHON, "-m", "pytest", "cases", "--device", "cuda", "-n", str(count), "--isolate",
+    session.log(f"{count} GPU(s)")
+    session.run(PYTHON, "-m", "pytest", "cases", "--device", "cuda", "-n", "auto", "--isolate",
                 *impl_args, *args)
 
 

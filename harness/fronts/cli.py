@@ -40,8 +40,9 @@ from ..run.execution import (
     resolve_devices,
     run_case,
 )
+from ..run.pool import CasePool
 from ..verdict import expectations as expectations_mod
-from . import repro_script, timeline
+from . import gpus, repro_script, timeline
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -101,6 +102,13 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--shard", default=None, metavar="I/N", help="run only shard I of N")
     p_run.add_argument("--no-isolate", dest="isolate", action="store_false",
                        help="run cases in this process (faster start; a crashing case ends the run)")
+    workers = p_run.add_mutually_exclusive_group()
+    workers.add_argument("--jobs", type=int, default=None, metavar="N",
+                         help="N isolated case workers in all, spread over the visible GPUs (default: "
+                              "--workers-per-gpu's on CUDA, 1 on the CPU)")
+    workers.add_argument("--workers-per-gpu", type=int, default=None, metavar="N",
+                         help="N isolated case workers on each visible GPU (default: from the host's cores and "
+                              f"the GPU's memory, at most {gpus.MAX_WORKERS_PER_GPU}; printed)")
     p_run.add_argument("--case-timeout", type=float, default=isolation.DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"per-case time limit in seconds when isolated (default {isolation.DEFAULT_TIMEOUT_S:g})")
     p_run.add_argument("--require-cuda", action="store_true",
@@ -265,30 +273,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("no case to run: the filters and --shard select nothing")
     if not args.case and args.device.strip().lower() == "auto":
         print(_device_line(cases), flush=True)
-    worker = isolation.CaseWorker(args.case_timeout) if args.isolate else None
+    slots, workers_line = worker_slots(args, cases)
+    if not args.quiet:
+        print(workers_line, flush=True)
     progress = Progress(len(work), quiet=args.quiet)
-    records: list[CaseRecord] = []
+    finished: dict[int, CaseRecord] = {}  # by position in `work`: the report's order whatever N
     interrupted, status = None, 0
     env = environment()
     live = LiveResults(report_dir)  # every record on disk the moment it is judged
+
+    def keep(index: int, worker: str, record: CaseRecord) -> None:
+        stops.raise_if_stopped()  # the case may have caught the KeyboardInterrupt and gone on
+        record.worker, record.env = worker, env
+        finished[index] = record
+        live.append(record)
+        progress.update(record)
+
+    pool = CasePool(slots, args.case_timeout) if args.isolate else None
     try:
         with stops.stoppable():
-            for target, case in work:
-                record = run_case(target, case, entries, worker=worker).record
-                stops.raise_if_stopped()  # the case may have caught the KeyboardInterrupt and gone on
-                record.worker, record.env = "main", env
-                records.append(record)
-                live.append(record)
-                progress.update(record)
+            if pool is not None:
+                pool.run(work, entries, lambda index, number, done: keep(index, f"w{number}", done.record))
+            else:
+                for index, (target, case) in enumerate(work):
+                    keep(index, "main", run_case(target, case, entries).record)
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stops.Terminated)
-        interrupted = f"{stops.describe(stop)} after {len(records)} of {len(work)} cases"
+        interrupted = f"{stops.describe(stop)} after {len(finished)} of {len(work)} cases"
         status = stops.status(stop)
         print(f"\n{interrupted}: writing the report of the finished cases", file=sys.stderr, flush=True)
     finally:
         live.close()
-        if worker is not None:
+        if pool is not None:
             with stops.shielded():
-                worker.close()
+                pool.close()
+    records = [finished[index] for index in sorted(finished)]
     if interrupted and not records:
         print(f"no case finished: nothing to report ({live.path} is empty)", file=sys.stderr)
         return status
@@ -304,6 +322,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {line}", file=sys.stderr)
     counts = Counter(r.verdict for r in records)
     return 1 if counts[Verdict.FAIL] or counts[Verdict.STALE] or idle else 0
+
+
+def worker_slots(args: argparse.Namespace, cases: Sequence[Case]) -> tuple[list[str | None], str]:
+    """The GPU each isolated case worker is pinned to (None: not pinned) and a line saying how
+    many workers run and why.  CPU-only runs default to one worker (a CPU case already uses every
+    core); CUDA runs to `gpus.default_workers_per_gpu` on every visible GPU."""
+    for flag, value in (("--jobs", args.jobs), ("--workers-per-gpu", args.workers_per_gpu)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if not args.isolate:
+        if (args.jobs or 1) > 1 or args.workers_per_gpu is not None:
+            raise UsageError("--jobs and --workers-per-gpu run isolated workers: leave out --no-isolate")
+        return [], "case workers: none (--no-isolate: every case runs in this process)"
+    if not any(case.device is Device.CUDA for case in cases):
+        if args.workers_per_gpu is not None:
+            raise UsageError("--workers-per-gpu: no selected case runs on CUDA (--jobs N sets the CPU's workers)")
+        jobs = args.jobs or 1
+        return [None] * jobs, f"case workers: {jobs} (CPU cases{'' if args.jobs else '; --jobs N for more'})"
+    ids = gpus.visible_gpus()
+    if not ids:  # CUDA works but neither CUDA_VISIBLE_DEVICES nor nvidia-smi names the GPUs
+        import torch
+
+        ids = [str(i) for i in range(torch.cuda.device_count())]
+    if args.jobs is not None:
+        return ([ids[i % len(ids)] for i in range(args.jobs)],
+                f"case workers: {args.jobs} on {len(ids)} GPU(s) (--jobs)")
+    if args.workers_per_gpu is not None:
+        per_gpu, why = args.workers_per_gpu, "--workers-per-gpu"
+    else:
+        per_gpu, why = gpus.default_workers_per_gpu(len(ids), os.cpu_count() or 1, gpus.gpu_memory_bytes())
+    return (gpus.plan_slots(ids, per_gpu),
+            f"case workers: {per_gpu * len(ids)}, {per_gpu} per GPU on {len(ids)} GPU(s) ({why}; "
+            "--workers-per-gpu N to change)")
 
 
 def _device_line(cases: Sequence[Case]) -> str:

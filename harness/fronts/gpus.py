@@ -1,4 +1,4 @@
-"""One xdist worker per GPU: which GPU a worker takes, decided before its first CUDA call.
+"""Which GPU a case worker takes, decided before its first CUDA call, and how many share one.
 
 A worker claims a GPU by holding an exclusive `flock` on a per-run lock file.  It prefers the GPU
 at its worker index (gw0 -> first visible GPU, gw1 -> second, ...) and otherwise takes the first
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import IO, Mapping
+from typing import IO, Mapping, Sequence
 
 _HELD: list[IO[str]] = []  # lock files stay open (and locked) for the life of the process
 
@@ -82,3 +82,50 @@ def pin_worker(worker_id: str, run_id: str, env: "os._Environ[str] | dict[str, s
     gpu, _ = claim_gpu(worker_index(worker_id), gpus, lock_dir)
     env["CUDA_VISIBLE_DEVICES"] = gpu
     return gpu
+
+
+# Several case workers share a GPU (issue 26): the cases are small (64x64 to 1024x1024 tensors), so
+# one worker leaves the GPU nearly idle while Python, kernel launches and host syncs take the time.
+WORKER_MEMORY_BYTES = 4 << 30  # a worker's CUDA context, allocator cache and cuBLAS workspaces, with room
+MAX_WORKERS_PER_GPU = 8  # more gave no more cases per second on one H200 (README, "Performance")
+
+
+def gpu_memory_bytes(env: Mapping[str, str] | None = None) -> list[int]:
+    """Total memory of each visible GPU in bytes (nvidia-smi; no CUDA initialisation), in the order
+    of `visible_gpus`; empty where nvidia-smi cannot tell."""
+    env = os.environ if env is None else env
+    smi = shutil.which("nvidia-smi")
+    gpus = visible_gpus(env)
+    if not smi or not gpus:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", ",".join(gpus)],
+                             capture_output=True, text=True, timeout=20).stdout
+        sizes = [int(float(line)) << 20 for line in out.split() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+    return sizes if len(sizes) == len(gpus) else []
+
+
+def default_workers_per_gpu(gpu_count: int, cores: int, memory_bytes: Sequence[int]) -> tuple[int, str]:
+    """How many case workers each GPU gets by default, and why, in words: the host's cores shared
+    among the GPUs, the smallest GPU's memory over `WORKER_MEMORY_BYTES` (where known), and at most
+    `MAX_WORKERS_PER_GPU`."""
+    if gpu_count < 1:
+        raise ValueError("no GPU")
+    by_cores = max(1, cores // gpu_count)
+    limits = [(by_cores, f"{cores} cores / {gpu_count} GPU(s)"), (MAX_WORKERS_PER_GPU, "the cap")]
+    if memory_bytes:
+        smallest = min(memory_bytes)
+        limits.append((max(1, smallest // WORKER_MEMORY_BYTES),
+                       f"{smallest / 2**30:.0f} GiB / {WORKER_MEMORY_BYTES / 2**30:.0f} GiB a worker"))
+    count, why = min(limits, key=lambda item: item[0])
+    return count, why
+
+
+def plan_slots(gpus: Sequence[str], per_gpu: int) -> list[str]:
+    """The GPU of each case worker: `per_gpu` workers on every GPU, interleaved (w0 on the first
+    GPU, w1 on the second, ...) so a run with fewer cases than workers still spreads over the GPUs."""
+    if per_gpu < 1:
+        raise ValueError(f"workers per GPU must be at least 1, got {per_gpu}")
+    return [gpu for _ in range(per_gpu) for gpu in gpus]

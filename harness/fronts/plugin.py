@@ -83,6 +83,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "hang or sticky CUDA error becomes a crash/timeout result and the run goes on")
     group.addoption("--no-isolate", dest="isolate", action="store_false",
                     help="run cases in the pytest process (faster start; a crashing case ends the worker)")
+    group.addoption("--workers-per-gpu", type=int, default=None, metavar="N",
+                    help="what `-n auto` starts on CUDA: N xdist workers per visible GPU, each with its case worker "
+                         "(default: from the host's cores and the GPU's memory, at most "
+                         f"{gpus.MAX_WORKERS_PER_GPU}; shown in the header)")
     group.addoption("--case-timeout", type=float, default=None, metavar="S",
                     help="per-case time limit in seconds when isolated (default 300)")
     group.addoption("--matrix", default="default", choices=MATRICES,
@@ -91,6 +95,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="only these programs (repeatable or comma-separated), e.g. rand.bf16.odd.keyword.deep")
     group.addoption("--allow-unsupported", action="store_true", default=False,
                     help="run an impl named by --impl even when its package cannot load (every case unsupported)")
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` for CUDA cases: `--workers-per-gpu` (or `gpus.default_workers_per_gpu`) xdist
+    workers on every visible GPU; they share each GPU (`gpus.pin_worker`).  None where no case
+    runs on CUDA: xdist's own count (the cores) applies."""
+    per_gpu = config.getoption("workers_per_gpu")
+    if per_gpu is not None and per_gpu < 1:
+        pytest.exit(f"error: --workers-per-gpu must be at least 1, got {per_gpu}", returncode=2)
+    try:
+        devices = resolve_devices(config.getoption("device"))
+    except UsageError:
+        return None  # said in one line by pytest_configure
+    if "cuda" not in devices:
+        return None
+    ids = gpus.visible_gpus()
+    if not ids:
+        import torch
+
+        ids = [str(i) for i in range(torch.cuda.device_count())]
+    if per_gpu is None:
+        per_gpu, why = gpus.default_workers_per_gpu(len(ids), os.cpu_count() or 1, gpus.gpu_memory_bytes())
+    else:
+        why = "--workers-per-gpu"
+    config._harness_workers_line = (  # type: ignore[attr-defined]
+        f"harness: -n auto on CUDA: {per_gpu * len(ids)} workers, {per_gpu} per GPU on {len(ids)} GPU(s) ({why})")
+    return per_gpu * len(ids)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return getattr(config, "_harness_workers_line", None)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,12 @@ def _describe_exit(code: int | None) -> str:
 class CaseWorker:
     """Runs cases one at a time in a replaceable child process, with a per-case time limit."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None) -> None:
+        """`env`: variables set in the worker's environment on top of this process's (a
+        CUDA_VISIBLE_DEVICES that pins it to one GPU)."""
         self.timeout_s = timeout_s
+        self.env = dict(env or {})
+        self._stopping = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
         self._pending = b""
         handle, path = tempfile.mkstemp(prefix="ckpt-harness-worker-", suffix=".log")
@@ -136,7 +141,7 @@ class CaseWorker:
 
     def _start(self) -> None:
         self._stderr.write_text("")
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         # The child must import what the parent can (adapters given as module:factory paths).
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         # Its stderr goes to the log from the start: an import error before serve() is quoted too.
@@ -156,14 +161,17 @@ class CaseWorker:
         return [sys.executable, "-m", "harness.run.isolation", str(self._stderr)]
 
     def _stop(self) -> None:
-        if self._process is not None:
-            if self._process.poll() is None:
-                self._process.kill()
-            self._process.wait(10)
-            for stream in (self._process.stdin, self._process.stdout):
-                if stream:
-                    stream.close()
-        self._process = None
+        # Under a lock: a pool (run.pool) stops its workers from another thread than the one
+        # running their case, which may be stopping the same process after seeing it die.
+        with self._stopping:
+            process, self._process = self._process, None
+            if process is not None:
+                if process.poll() is None:
+                    process.kill()
+                process.wait(10)
+                for stream in (process.stdin, process.stdout):
+                    if stream:
+                        stream.close()
 
     def close(self) -> None:
         """Stop the worker process (idempotent)."""
@@ -230,8 +238,8 @@ class CaseWorker:
         return result
 
     def _died(self, case: Case, impl_name: str, start: float) -> CaseResult:
-        assert self._process is not None
-        code = self._process.wait(10)
+        process = self._process
+        code = process.wait(10) if process is not None else None  # None: stopped by `close`
         return self._failure(case, impl_name, Outcome.CRASH, start,
                              f"worker process died: {_describe_exit(code)}")
 
