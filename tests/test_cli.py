@@ -396,3 +396,38 @@ def test_a_case_timeout_that_is_no_positive_number_is_one_line(value, tmp_path, 
                  "--report-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--case-timeout must be a positive number of seconds" in err
+
+
+def test_bench_times_the_matrix_with_n_workers_and_checks_their_verdicts(monkeypatch):
+    from harness.fronts import bench
+    from harness.run.execution import load_targets
+    from harness.verdict import expectations
+
+    [target] = load_targets(["bundled"])
+    from harness.model.cases import parse_case_id
+
+    cases = [parse_case_id(c) for c in ("reentrant-tracked-eager-flat-none-cpu",
+                                        "nonreentrant-default-eager-flat-none-cpu")]
+    row = bench.pool_throughput(target, cases, expectations.load(), 2)
+    assert row["workers"] == 2 and row["cases"] == 2 and row["verdicts_differ_between_passes"] == 0
+    assert row["cases_per_s"] > 0 and row["first_pass_s"] > 0
+
+
+def test_bench_sets_each_figure_beside_its_target():
+    from harness.fronts.bench import against_targets
+
+    figures = {
+        "per_capture": [{"capture": "eager", "pass": 2, "cases": 100, "cases_per_s": 50.0, "harness_over_bare": 1.4},
+                        {"capture": "single", "pass": 2, "cases": 100, "cases_per_s": 25.0, "harness_over_bare": 1.6}],
+        "workers": [{"workers": 4, "cases_per_s": 90.0}, {"workers": 8, "cases_per_s": 120.0}],
+        "memory_flat": {"reserved_MiB": "flat: 1 after pass 2 (740 cases), 1 after pass 4 (1480 cases), +0.0%",
+                        "allocated_MiB": "growing: 1 after pass 2 (740 cases), 2 after pass 4 (1480 cases), +100.0%",
+                        "host_rss_MiB": "not measured (fewer than two passes over the matrix)"},
+    }
+    rows = {row["figure"]: (row["measured"], row["met"]) for row in against_targets(figures)}
+    assert rows["cases/s, one process (pass 2)"] == (33.3, False)  # 200 cases in 2 + 4 s
+    assert rows["cases/s, 8 isolated workers"] == (120.0, True)
+    assert rows["harness/bare, eager"] == (1.4, True) and rows["harness/bare, single"] == (1.6, False)
+    assert rows["reserved_MiB over the second half"] == ("+0.0%", True)
+    assert rows["allocated_MiB over the second half"] == ("+100.0%", False)
+    assert rows["host_rss_MiB over the second half"][1] == "-"

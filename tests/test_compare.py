@@ -242,3 +242,35 @@ def test_any_differences_flags_exactly_the_differing_pairs():
     ]
     assert any_differences(pairs) == [False, True, True, True, False]
     assert any_differences([]) == []
+
+
+def test_any_differences_judges_each_pair_alone_when_they_are_compared_end_to_end():
+    # The pairs of one dtype are laid end to end and compared at once: a difference must be
+    # counted for its own pair only, whether it sits at a pair's first or last element, next to
+    # an empty pair, among dtypes that share an integer view (float32 and int32) or not.
+    import torch as _t
+
+    from harness.check.compare import any_differences
+
+    base = _t.arange(6, dtype=_t.float32)
+    last = base.clone()
+    last[-1] = _t.nextafter(last[-1], _t.tensor(10.0))  # one ulp, at the end of its pair
+    first = base.clone()
+    first[0] = -0.0  # at the start of its pair, right after `last`
+    nan_a = _t.tensor([float("nan")])
+    nan_b = nan_a.view(_t.int32).add(1).view(_t.float32)  # another NaN payload
+    pairs = [
+        (base, base.clone()),
+        (base, last),
+        (base, first),
+        (_t.empty(0), _t.empty(0)),
+        (base.reshape(2, 3).t(), base.clone().reshape(2, 3).t()),  # not contiguous, equal
+        (_t.arange(4, dtype=_t.int32), _t.arange(4, dtype=_t.int32)),
+        (_t.arange(4, dtype=_t.int32), _t.tensor([0, 1, 2, 4], dtype=_t.int32)),
+        (nan_a, nan_b),
+        (_t.ones(3, dtype=_t.bfloat16), _t.ones(3, dtype=_t.bfloat16)),
+        (_t.tensor([True]), _t.tensor([False])),
+    ]
+    assert any_differences(pairs) == [False, True, True, False, False, False, True, True, False, True]
+    for index, pair in enumerate(pairs):  # the same answers one pair at a time
+        assert any_differences([pair]) == [any_differences(pairs)[index]]

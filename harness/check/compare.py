@@ -6,6 +6,7 @@ Never `allclose`, never `torch.equal` alone (NaN != NaN) and never `assert_close
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -125,17 +126,34 @@ def repeat_chance(now: torch.Tensor, before: torch.Tensor) -> float:
 def any_differences(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
     """For each pair, whether dtype, shape or any bit differs; one host sync per device in all.
 
-    The per-element work stays on the tensors' device; only one boolean per pair comes back.
+    The per-element work stays on the tensors' device and takes a handful of kernel launches
+    whatever the number of pairs (issue 26: one comparison and one reduction per pair cost more
+    launch overhead than the comparisons themselves): the pairs' integer views of one device and
+    dtype are laid end to end, compared at once, and the running count of differing elements read
+    at each pair's end; only one count per pair comes back.
     """
     flags: list[bool | None] = [None] * len(pairs)
-    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
     for index, (got, expected) in enumerate(pairs):
         if got.dtype != expected.dtype or got.shape != expected.shape:
             flags[index] = True
             continue
-        differs = (int_view(got) != int_view(expected.to(got.device))).any()
-        by_device.setdefault(got.device, []).append((index, differs))
-    for items in by_device.values():
-        for (index, _), value in zip(items, torch.stack([d for _, d in items]).tolist()):
-            flags[index] = bool(value)
+        if got.numel() == 0:
+            flags[index] = False
+            continue
+        a, b = int_view(got).reshape(-1), int_view(expected.to(got.device)).reshape(-1)
+        groups.setdefault((a.device, a.dtype), []).append((index, a, b))
+    counts: dict[torch.device, list[tuple[list[int], torch.Tensor]]] = {}
+    for (device, _), items in groups.items():
+        differs = torch.cat([a for _, a, _ in items]) != torch.cat([b for _, _, b in items])
+        running = differs.cumsum(0)
+        ends = torch.tensor(list(itertools.accumulate(a.numel() for _, a, _ in items)), device=device) - 1
+        at_ends = running[ends]
+        per_pair = torch.diff(at_ends, prepend=at_ends.new_zeros(1))
+        counts.setdefault(device, []).append(([index for index, _, _ in items], per_pair))
+    for groups_of_device in counts.values():
+        values = torch.cat([per_pair for _, per_pair in groups_of_device]).tolist()  # the one sync
+        indices = [index for group_indices, _ in groups_of_device for index in group_indices]
+        for index, value in zip(indices, values):
+            flags[index] = value > 0
     return [bool(f) for f in flags]

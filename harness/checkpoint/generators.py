@@ -25,7 +25,7 @@ def device_default_generators() -> list[torch.Generator]:
     keyword argument that no argument scan would see.
     """
     gens = [torch.default_generator]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # implies available
         gens.extend(torch.cuda.default_generators)
     return gens
 

@@ -44,7 +44,9 @@ class StateValues:
 
 
 def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    # is_initialized, not is_available: nothing captures before CUDA is initialised, and it is
+    # the cheaper question (is_available reads the environment), asked at every drawing site.
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def live_generators(tracker: Any) -> list[torch.Generator]:

@@ -198,6 +198,8 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--cases", type=int, default=None, metavar="N",
                          help="cases to run in all, repeating the matrix (default: 1000 on cuda, one matrix on cpu, "
                               "and then the default matrix's wall time in a fresh process; with N, only N cases)")
+    p_bench.add_argument("--jobs", default=None, metavar="N[,N]",
+                         help="also time the matrix with N isolated case workers (run --jobs N), each count given")
     p_bench.add_argument("--json", default="bench.json", metavar="FILE",
                          help="where the figures go (default bench.json)")
     p_bench.add_argument("--allow-unsupported", action="store_true",
@@ -624,7 +626,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if total < 1:
         raise UsageError(f"--cases must be at least 1, got {total}")
     reporting.check_output_file(args.json, "--json")
-    figures = bench.bench(target, device, total, matrix_wall=args.cases is None)
+    try:
+        jobs = [int(n) for n in args.jobs.split(",")] if args.jobs else []
+    except ValueError:
+        jobs = [0]
+    if any(n < 1 for n in jobs):
+        raise UsageError(f"--jobs: every count must be at least 1, got {args.jobs}")
+    figures = bench.bench(target, device, total, matrix_wall=args.cases is None, jobs=jobs)
     print(bench.render(figures))
     bench.write_json(figures, args.json)
     print(f"figures: {args.json}")

@@ -151,7 +151,9 @@ def alias_problem(tracker: Any, device: torch.device) -> str:
 def _capturing() -> bool:
     # Not checkpoint.rng._capturing: tests patch that one to fake a capture for the checkpoint,
     # while the watch must see whether a draw really happens inside a graph capture.
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    # is_initialized, not is_available: nothing captures before CUDA is initialised, and it is
+    # the cheaper question (is_available reads the environment), asked at every drawing site.
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def _entered(region_fn: Callable[[torch.Tensor], torch.Tensor], passing: Passing,
