@@ -185,3 +185,18 @@ def test_xdist_workers_beyond_the_gpus_share_them(tmp_path):
     # gw0 and gw1 hold a GPU each; gw2 and gw3 share them round-robin (gpus.claim_gpu).
     claims = [gpus.claim_gpu(i, ["0", "1"], tmp_path) for i in range(4)]
     assert claims == [("0", True), ("1", True), ("0", False), ("1", False)]
+
+
+def test_a_worker_started_early_runs_its_first_case_without_a_second_process():
+    from harness.run.isolation import CaseWorker
+
+    worker = CaseWorker(GENEROUS_S)
+    try:
+        worker.start()
+        process = worker._process
+        worker.start()  # already running: nothing new
+        assert worker._process is process
+        result = worker.run(CASES[0], "bundled", 2)
+        assert result.outcome.value == "pass" and worker._process is process and worker.restarts == 0
+    finally:
+        worker.close()

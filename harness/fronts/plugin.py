@@ -226,6 +226,18 @@ def _case_worker(config: pytest.Config) -> isolation.CaseWorker | None:
     return worker
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """An xdist worker that collected harness cases starts its case worker now: the process
+    imports torch and warms up (seconds) while xdist hands out the work, not at the first case."""
+    config = session.config
+    if getattr(config, "workerinput", None) is not None and any(
+            isinstance(getattr(item, "callspec", None) and item.callspec.params.get("harness_case"), HarnessCase)
+            for item in session.items):
+        worker = _case_worker(config)
+        if worker is not None:
+            worker.start()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     worker = getattr(config, "_harness_worker", None)
     if worker is not None:

@@ -134,13 +134,27 @@ class CaseWorker:
         self._stopping = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
         self._pending = b""
+        self._ready = False  # the process said "ready" (a `start` does not wait for it)
         handle, path = tempfile.mkstemp(prefix="ckpt-harness-worker-", suffix=".log")
         os.close(handle)
         self._stderr = Path(path)
         self.restarts = 0
 
+    def start(self) -> None:
+        """Start the worker process now without waiting for it to be ready (it imports torch and
+        warms up, seconds): the caller goes on with its own start-up meanwhile, and the first
+        `run` waits for the rest.  Does nothing when a process is running already."""
+        if self._process is None or self._process.poll() is not None:
+            self._stop()
+            self._launch()
+
     def _start(self) -> None:
+        self._launch()
+        self._await_ready()
+
+    def _launch(self) -> None:
         self._stderr.write_text("")
+        self._ready = False
         env = {**os.environ, **self.env}
         # The child must import what the parent can (adapters given as module:factory paths).
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -151,10 +165,13 @@ class CaseWorker:
                 text=True, env=env,
             )
         self._pending = b""
+
+    def _await_ready(self) -> None:
         if not isinstance(self._read_line(STARTUP_TIMEOUT_S), str):
             tail = self._stderr_tail()
             self._stop()
             raise RuntimeError(f"the case worker process did not start: {tail or 'no output'}")
+        self._ready = True
 
     def _command(self) -> list[str]:
         """The worker's command line (tests replace it to make a worker that fails to start)."""
@@ -210,6 +227,8 @@ class CaseWorker:
                 self.restarts += 1
             self._stop()
             self._start()
+        elif not self._ready:  # started early by `start`: wait for the rest of its start-up
+            self._await_ready()
         assert self._process is not None and self._process.stdin and self._process.stdout
         start = time.perf_counter()
         request = {"case": case.id, "impl": impl_name, "iterations": iterations}

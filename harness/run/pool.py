@@ -31,6 +31,8 @@ class CasePool:
         self.slots = list(slots)
         self.workers = [CaseWorker(timeout_s, env=None if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu})
                         for gpu in self.slots]
+        for worker in self.workers:  # every process imports torch while the caller gets ready
+            worker.start()
 
     def __len__(self) -> int:
         return len(self.workers)
