@@ -205,3 +205,54 @@ def test_a_known_bug_is_never_saved_to_the_corpus(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "known failures by entry" in out and "corpus:" not in out
     assert not path.exists()
+
+
+# --- searches side by side (--jobs N) -------------------------------------------------------------
+
+
+def test_searches_side_by_side_find_the_bug_once_and_stop_each_other():
+    from harness.run.isolation import CaseWorker
+
+    [target] = load_targets(["neg-no-rewind"])
+    workers = [CaseWorker(120), CaseWorker(120)]
+    try:
+        found = fuzz.fuzz_parallel(target, Device.CPU, ENTRIES, workers, examples=40, seed_value=SEED,
+                                   database=None)
+    finally:
+        for worker in workers:
+            worker.close()
+    assert len(found.findings) == 1  # one kind, however many searches met it
+    assert found.findings[0].run.record.outcome.value == "mismatch"
+    assert found.tried == sum(found.verdicts.values()) and found.generated < 40  # the first failure halted both
+
+
+def test_searches_side_by_side_need_a_process_each():
+    [target] = load_targets(["bundled"])
+    with pytest.raises(ValueError, match="isolated worker each"):
+        fuzz.fuzz_parallel(target, Device.CPU, ENTRIES, [None, None], examples=4, database=None)
+
+
+def test_merged_results_add_up_and_keep_one_finding_per_kind():
+    done = shrunk("neg-no-rewind", examples=30)
+    [finding] = done.findings
+    late = fuzz.Finding(finding.run, 9, finding.found_seconds + 1.0, 2, 0.5)
+    first = fuzz.FuzzResult(tried=5, generated=4, verdicts={"pass": 3, "fail": 2}, findings=[finding],
+                            known={"entry 1": 2}, stale=["a (e)"])
+    second = fuzz.FuzzResult(tried=7, generated=7, verdicts={"fail": 1, "xfail": 6}, findings=[late],
+                             known={"entry 1": 1, "entry 2": 5}, repeats=1, noisy=1)
+    total = fuzz.merged([second, first], 3.0)
+    assert (total.tried, total.generated, total.seconds) == (12, 11, 3.0)
+    assert total.verdicts == {"pass": 3, "fail": 3, "xfail": 6}
+    assert total.known == {"entry 1": 3, "entry 2": 5} and total.stale == ["a (e)"]
+    assert total.findings == [finding] and total.repeats == 2 and total.noisy == 1  # the later one is a repeat
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--jobs", "2", "--no-isolate"], "--jobs runs isolated workers"),
+    (["--jobs", "3", "--examples", "2"], "cannot be shared among --jobs 3"),
+])
+def test_fuzz_jobs_refuses_bad_input_in_one_line(extra, message, capsys):
+    assert main(["fuzz", "--impl", "bundled", "--device", "cpu", "--no-database", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

@@ -151,6 +151,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="run cases in a replaceable worker process (the default: a sticky CUDA error or a "
                              "crash must not poison every later case)")
     p_fuzz.add_argument("--no-isolate", dest="isolate", action="store_false", help="run cases in this process")
+    p_fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="N searches side by side, each its own seed and isolated worker, spread over the "
+                             "visible GPUs (default 1: a seed repeats a run only with one)")
     p_fuzz.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
     p_fuzz.add_argument("--save", dest="save", action="store_true", default=False,
                         help="add each new (unexpected) failure found to the corpus, which the default matrix "
@@ -463,6 +466,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
         raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
     budget = 60.0 if args.examples is None and args.budget is None else args.budget
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and not args.isolate:
+        raise UsageError("--jobs runs isolated workers: leave out --no-isolate")
+    if args.jobs > 1 and args.examples is not None and args.examples < args.jobs:
+        raise UsageError(f"--examples {args.examples} cannot be shared among --jobs {args.jobs} searches")
     if args.corpus and args.save:
         reporting.check_output_file(args.corpus, "--corpus")
     if args.report_dir:
@@ -475,7 +484,16 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
     if captures:
         check_selection([], [device], captures)
-    worker = isolation.CaseWorker(isolation.DEFAULT_TIMEOUT_S) if isolate else None
+    slots = _fuzz_slots(device, args.jobs)
+    workers = [isolation.CaseWorker(isolation.DEFAULT_TIMEOUT_S, env=None if gpu is None else
+                                    {"CUDA_VISIBLE_DEVICES": gpu}) for gpu in slots] if isolate else [None]
+    for case_worker in workers:
+        if case_worker is not None:
+            case_worker.start()  # every process imports torch at once
+    if args.jobs > 1:
+        print(f"{args.jobs} searches side by side, one isolated worker each"
+              f"{' on GPUs ' + ','.join(str(g) for g in slots) if slots[0] is not None else ''}"
+              " (not deterministic for a seed: --jobs 1 repeats a run)", flush=True)
     progress = FuzzProgress()
     env = environment()
     live = LiveResults(args.report_dir) if args.report_dir else None  # each program's record as judged
@@ -489,21 +507,39 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     try:
         with stops.stoppable():
-            found = fuzz.fuzz(target, Device(device), entries, examples=args.examples, budget=budget,
-                              seed_value=seed_value, new_only=args.new_only, keep_going=args.keep_going,
-                              captures=captures, database=fuzz.DATABASE_DIR if args.database else None,
-                              worker=worker, progress=progress.update, on_record=keep)
+            options = dict(examples=args.examples, budget=budget, seed_value=seed_value, new_only=args.new_only,
+                           keep_going=args.keep_going, captures=captures,
+                           database=fuzz.DATABASE_DIR if args.database else None, progress=progress.update,
+                           on_record=keep)
+            if len(workers) > 1:
+                found = fuzz.fuzz_parallel(target, Device(device), entries, workers, **options)
+            else:
+                found = fuzz.fuzz(target, Device(device), entries, worker=workers[0], **options)
     except KeyboardInterrupt as stop:  # outside a case (setting up, or between Hypothesis batches)
         found = fuzz.FuzzResult(tried=len(records), stopped=stop)  # what ran is on disk and in `records`
     finally:
         with stops.shielded():
             if live is not None:
                 live.close()
-            if worker is not None:
-                worker.close()
+            for case_worker in workers:
+                if case_worker is not None:
+                    case_worker.close()
     progress.done()
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
         return _fuzz_summary(args, target, found, list(records.values()), env, entries)
+
+
+def _fuzz_slots(device: str, count: int) -> list[str | None]:
+    """The GPU of each of the fuzzer's `count` workers (interleaved over the visible GPUs), or
+    None each on the CPU, or for one worker (it keeps the devices this process sees)."""
+    if device != "cuda" or count == 1:
+        return [None] * count
+    ids = gpus.visible_gpus()
+    if not ids:
+        import torch
+
+        ids = [str(i) for i in range(torch.cuda.device_count())]
+    return [ids[i % len(ids)] for i in range(count)]
 
 
 def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],

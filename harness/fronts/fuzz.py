@@ -17,6 +17,7 @@ example database (`DATABASE_DIR`, git-ignored) replays earlier failures first.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,7 +251,8 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
          keep_going: bool = False, captures: Sequence[Capture] | None = None,
          database: "Path | None" = DATABASE_DIR, worker: Any = None,
          progress: Callable[[FuzzResult], None] | None = None,
-         on_record: Callable[[dict[str, Any]], None] | None = None) -> FuzzResult:
+         on_record: Callable[[dict[str, Any]], None] | None = None,
+         halt: threading.Event | None = None, seen: set[tuple[str, ...]] | None = None) -> FuzzResult:
     """Run random cases of `target` on `device` until `examples` cases were generated or `budget`
     seconds passed (one of them), and shrink the first failure to the smallest failing case.
 
@@ -267,16 +269,20 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
     Ctrl-C or SIGTERM (inside `stops.stoppable`) ends the run: the result so far is returned with
     `stopped` set, a failure being shrunk kept as the smallest failing case seen (`shrunk` False);
     a case the signal interrupted is not counted, whatever it returned.
+
+    `halt` and `seen` are for searches running beside this one (`fuzz_parallel`): once `halt` is
+    set no new program runs (a failure being shrunk is finished), and `seen` holds the signatures
+    of the failures every search has found (a failure like one of them is a repeat).
     """
     if (examples is None) == (budget is None):
         raise ValueError("fuzz() takes examples or budget, not both or neither")
     failing = FAILING if new_only else (*FAILING, "xfail")
     result = FuzzResult()
     start = time.perf_counter()
-    state: dict[str, Any] = {"failed": False, "seen": set(), "since": 0.0}
+    state: dict[str, Any] = {"failed": False, "seen": set() if seen is None else seen, "since": 0.0}
 
     def over_budget() -> bool:
-        return budget is not None and time.perf_counter() - start >= budget
+        return (budget is not None and time.perf_counter() - start >= budget) or (halt is not None and halt.is_set())
 
     def check(case: Case) -> None:
         if over_budget() and not state["failed"]:
@@ -343,9 +349,111 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
             state["seen"].add(signature(found.run.record))
             state["failed"], result.shrink_steps = False, 0
             if not keep_going:
+                if halt is not None:
+                    halt.set()
                 break
         batch += 1
         if (examples is not None and result.generated >= examples) or over_budget():
             break
     result.seconds = time.perf_counter() - start
     return result
+
+
+SEED_STRIDE = 1_000_003  # search i of a parallel run starts from seed + i * SEED_STRIDE
+
+
+def merged(results: Sequence[FuzzResult], seconds: float) -> FuzzResult:
+    """One result for searches that ran side by side: counts added, findings in the order they
+    were found (one per kind: a kind two searches both found is a repeat), the first stop."""
+    total = FuzzResult(seconds=seconds)
+    kinds: set[tuple[str, ...]] = set()
+    for result in results:
+        total.tried += result.tried
+        total.generated += result.generated
+        total.shrink_steps += result.shrink_steps
+        total.repeats += result.repeats
+        total.noisy += result.noisy
+        total.stale += result.stale
+        for verdict, n in result.verdicts.items():
+            total.verdicts[verdict] = total.verdicts.get(verdict, 0) + n
+        for label, n in result.known.items():
+            total.known[label] = total.known.get(label, 0) + n
+        total.stopped = total.stopped or result.stopped
+    for finding in sorted((f for r in results for f in r.findings), key=lambda f: f.found_seconds):
+        kind = signature(finding.run.record)
+        if kind in kinds:
+            total.repeats += 1
+            continue
+        kinds.add(kind)
+        total.findings.append(finding)
+    return total
+
+
+def fuzz_parallel(target: Target, device: Device, entries: Sequence[Any], workers: Sequence[Any], *,
+                  examples: int | None = None, budget: float | None = None, seed_value: int = 0,
+                  database: "Path | None" = DATABASE_DIR, progress: Callable[[FuzzResult], None] | None = None,
+                  on_record: Callable[[CaseRecord], None] | None = None, **options: Any) -> FuzzResult:
+    """`len(workers)` searches at once, one thread and one isolated case worker each (Hypothesis
+    runs tests in several threads from 6.136 on), search i seeded `seed_value + i * SEED_STRIDE`;
+    `examples` are shared out among them, `budget` is each one's.  Without ``keep_going`` the
+    first failure stops the other searches (one being shrunk is finished); a failure of a kind
+    another search found is a repeat.  Only the first search replays the example database (the
+    others would replay the same failures).  `progress` and `on_record` are called under a lock,
+    `progress` with the searches' combined counts.  Not deterministic for a seed beyond one
+    search: which search runs a program first depends on timing.  `options`: as `fuzz`."""
+    count = len(workers)
+    if any(worker is None for worker in workers):  # two cases in one process share its generators
+        raise ValueError("searches side by side need an isolated worker each")
+    if examples is not None and examples < count:
+        raise ValueError(f"{examples} programs cannot be shared among {count} searches")
+    halt, seen, lock = threading.Event(), set(), threading.Lock()
+    results: list[FuzzResult | None] = [None] * count
+    live: list[FuzzResult] = [FuzzResult() for _ in range(count)]
+    start = time.perf_counter()
+
+    def report(index: int, result: FuzzResult) -> None:
+        with lock:
+            live[index] = result
+            if progress is not None:
+                progress(merged(live, time.perf_counter() - start))
+
+    def keep(record: CaseRecord) -> None:
+        with lock:
+            if on_record is not None:
+                on_record(record)
+
+    def search(index: int) -> None:
+        share = None if examples is None else examples // count + (index < examples % count)
+        try:
+            results[index] = fuzz(target, device, entries, examples=share, budget=budget,
+                                  seed_value=seed_value + index * SEED_STRIDE,
+                                  database=database if index == 0 else None, worker=workers[index],
+                                  progress=lambda result: report(index, result), on_record=keep,
+                                  halt=halt, seen=seen, **options)
+        except BaseException as exc:  # noqa: BLE001 (raised again in the calling thread)
+            results[index] = FuzzResult(stopped=exc if isinstance(exc, KeyboardInterrupt) else None)
+            errors.append(exc)
+
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=search, args=(i,), name=f"fuzz-{i}", daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    stopped: KeyboardInterrupt | None = None
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.5)  # a timeout, so Ctrl-C is seen while waiting
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what the searches found
+        stopped = stop
+        halt.set()
+        for worker in workers:  # a search waiting on its case returns once the process is gone
+            if worker is not None:
+                worker.close()
+        for thread in threads:
+            thread.join(30)
+    failures = [e for e in errors if not isinstance(e, KeyboardInterrupt)]
+    if failures and stopped is None:
+        raise failures[0]
+    total = merged([r for r in results if r is not None], time.perf_counter() - start)
+    total.stopped = total.stopped or stopped
+    return total
