@@ -3,9 +3,10 @@
 A worker claims a GPU by holding an exclusive `flock` on a per-run lock file.  It prefers the GPU
 at its worker index (gw0 -> first visible GPU, gw1 -> second, ...) and otherwise takes the first
 free one, so a worker that xdist restarts after a crash (it gets a new id) still lands on a GPU of
-its own: the dead worker's lock went with its process.  With more workers than GPUs, the extra
-workers share GPUs round-robin.  GPUs are indexed into the caller's CUDA_VISIBLE_DEVICES when it
-is set.
+its own: the dead worker's lock went with its process.  With more workers than GPUs (`-n auto` on
+CUDA starts `default_workers_per_gpu` on each), the extra workers share GPUs round-robin.  GPUs are
+indexed into the caller's CUDA_VISIBLE_DEVICES when it is set.  `harness run` pins its isolated case
+workers through `plan_slots` instead (no locks: it starts them all itself).
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def pin_worker(worker_id: str, run_id: str, env: "os._Environ[str] | dict[str, s
 # Several case workers share a GPU (issue 26): the cases are small (64x64 to 1024x1024 tensors), so
 # one worker leaves the GPU nearly idle while Python, kernel launches and host syncs take the time.
 WORKER_MEMORY_BYTES = 4 << 30  # a worker's CUDA context, allocator cache and cuBLAS workspaces, with room
-MAX_WORKERS_PER_GPU = 8  # more gave no more cases per second on one H200 (README, "Performance")
+# Workers beyond 8 gave little on one H200 (141.9 -> 151.8 cases/s from 8 to 16: processes take turns on
+# the GPU) and take a core each (README, "Performance").
+MAX_WORKERS_PER_GPU = 8
 
 
 def gpu_memory_bytes(env: Mapping[str, str] | None = None) -> list[int]:
