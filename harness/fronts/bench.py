@@ -206,8 +206,7 @@ def _slots(device: str, count: int) -> list[str | None]:
     """The GPU of each of `count` case workers (interleaved over the visible GPUs), or none."""
     if device != "cuda":
         return [None] * count
-    ids = gpus.visible_gpus() or [str(i) for i in range(torch.cuda.device_count())]
-    return [ids[i % len(ids)] for i in range(count)]
+    return gpus.spread(gpus.cuda_gpu_ids(), count)
 
 
 def pool_throughput(target: Target, cases: Sequence[Case], entries: Sequence[Any], count: int) -> dict[str, Any]:

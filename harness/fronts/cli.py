@@ -345,13 +345,9 @@ def worker_slots(args: argparse.Namespace, cases: Sequence[Case]) -> tuple[list[
             raise UsageError("--workers-per-gpu: no selected case runs on CUDA (--jobs N sets the CPU's workers)")
         jobs = args.jobs or 1
         return [None] * jobs, f"case workers: {jobs} (CPU cases{'' if args.jobs else '; --jobs N for more'})"
-    ids = gpus.visible_gpus()
-    if not ids:  # CUDA works but neither CUDA_VISIBLE_DEVICES nor nvidia-smi names the GPUs
-        import torch
-
-        ids = [str(i) for i in range(torch.cuda.device_count())]
+    ids = gpus.cuda_gpu_ids()
     if args.jobs is not None:
-        return ([ids[i % len(ids)] for i in range(args.jobs)],
+        return (gpus.spread(ids, args.jobs),
                 f"case workers: {args.jobs} on {len(ids)} GPU(s) (--jobs)")
     if args.workers_per_gpu is not None:
         per_gpu, why = args.workers_per_gpu, "--workers-per-gpu"
@@ -534,12 +530,7 @@ def _fuzz_slots(device: str, count: int) -> list[str | None]:
     None each on the CPU, or for one worker (it keeps the devices this process sees)."""
     if device != "cuda" or count == 1:
         return [None] * count
-    ids = gpus.visible_gpus()
-    if not ids:
-        import torch
-
-        ids = [str(i) for i in range(torch.cuda.device_count())]
-    return [ids[i % len(ids)] for i in range(count)]
+    return gpus.spread(gpus.cuda_gpu_ids(), count)
 
 
 def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],

@@ -126,9 +126,25 @@ def default_workers_per_gpu(gpu_count: int, cores: int, memory_bytes: Sequence[i
     return count, why
 
 
+def cuda_gpu_ids() -> list[str]:
+    """The ids to pin workers to on a machine where CUDA works: `visible_gpus`, or torch's device
+    indices where neither CUDA_VISIBLE_DEVICES nor nvidia-smi names them (initialises nothing)."""
+    ids = visible_gpus()
+    if not ids:
+        import torch
+
+        ids = [str(i) for i in range(torch.cuda.device_count())]
+    return ids
+
+
+def spread(gpus: Sequence[str], count: int) -> list[str]:
+    """`count` workers' GPUs, in turn over `gpus` (w0 on the first, w1 on the second, ...)."""
+    return [gpus[i % len(gpus)] for i in range(count)]
+
+
 def plan_slots(gpus: Sequence[str], per_gpu: int) -> list[str]:
     """The GPU of each case worker: `per_gpu` workers on every GPU, interleaved (w0 on the first
     GPU, w1 on the second, ...) so a run with fewer cases than workers still spreads over the GPUs."""
     if per_gpu < 1:
         raise ValueError(f"workers per GPU must be at least 1, got {per_gpu}")
-    return [gpu for _ in range(per_gpu) for gpu in gpus]
+    return spread(gpus, per_gpu * len(gpus))

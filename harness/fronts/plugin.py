@@ -111,11 +111,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         return None  # said in one line by pytest_configure
     if "cuda" not in devices:
         return None
-    ids = gpus.visible_gpus()
-    if not ids:
-        import torch
-
-        ids = [str(i) for i in range(torch.cuda.device_count())]
+    ids = gpus.cuda_gpu_ids()
     if per_gpu is None:
         per_gpu, why = gpus.default_workers_per_gpu(len(ids), os.cpu_count() or 1, gpus.gpu_memory_bytes())
     else:
