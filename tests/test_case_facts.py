@@ -43,6 +43,20 @@ def test_sites_by_op_and_dtype():
                              "nonreentrant-default-eager-(sdpa_kernel(sdpa_efficient))-none-cuda") is None
 
 
+def test_sites_under_sdpa_kernel_are_those_a_recompute_may_run_on_another_backend():
+    # Inside the sdpa_kernel region and inside a region nested in it (its forward runs under the
+    # context too); not a math site in the region around it, which selects its backend itself.
+    got = facts("nonreentrant-default-eager-(sdpa_math+sdpa_kernel(sdpa_efficient+native_dropout"
+                "+(sdpa_efficient.bf16)))-none-cuda")
+    assert got["site_in_sdpa_kernel"] == ["native_dropout.f32", "sdpa_efficient.bf16", "sdpa_efficient.f32"]
+    assert "sdpa_math.f32" in got["site_in_region"]
+    # An H200 finding (torch 2.11, fuzz --new-only): a math site beside an sdpa_kernel region of
+    # this GPU's default float32 backend passed; the entry claimed it by site_in_region and went stale.
+    stale = ("nonreentrant-untracked-single-f16.x4:dict((sdpa_math@d&sdpa_kernel(sdpa_efficient.f32@d+poisson.f32@d)"
+             "+twice(nodraw@d&rand+sdpa_efficient))+autocast((nodraw@d)))+(randint.f32)-none-cuda")
+    assert expectations.find(expectations.load(), "torch", stale) is None
+
+
 def test_a_region_that_draws_nothing_and_tracked_sites_outside_regions():
     assert not facts("nonreentrant-tracked-eager-(dropout_p0)-none-cpu")["draws_in_region"]
     assert not facts("nonreentrant-tracked-eager-(dropout_p0)-none-cpu")["tracked_in_region"]  # it draws nothing

@@ -17,6 +17,9 @@ op_in_region           some site inside a checkpointed region runs one of these 
 op_outside             some site outside every region (drawn in forward only) runs one of these
 op_nested              some site inside a region nested in another region runs one of these
 site_in_region         some site inside a region runs this op in this dtype ("sdpa_efficient.bf16")
+site_in_sdpa_kernel    some site inside a region entered under sdpa_kernel (its inner regions' sites
+                       included: their forward runs under it too) runs this op in this dtype: what a
+                       recompute outside the context may run on another backend
 first_draw_in_region   the first drawing site of some region (its inner regions' sites included:
                        they run inside it) runs one of these ops (what a policy saving a
                        region's first RNG op saves)
@@ -81,7 +84,7 @@ BOOL_FACTS = ("after_region", "nested", "tracked_in_region", "draws_in_region", 
               "shared_input", "shared_input_regions")
 FUSED_ATTENTION = frozenset([Op.SDPA_EFFICIENT, Op.SDPA_FLASH, Op.SDPA_CUDNN])
 INT_FACTS = ("regions_pending", "iterations")
-SITE_FACTS = ("site_in_region",)  # "op.dtype" values
+SITE_FACTS = ("site_in_region", "site_in_sdpa_kernel")  # "op.dtype" values
 FACT_KEYS = (*ENUM_FACTS, *SITE_FACTS, *BOOL_FACTS, *INT_FACTS)
 
 
@@ -161,6 +164,8 @@ def facts_of(case: Case) -> CaseFacts:
         "op_outside": frozenset(site.op.value for site in outside),
         "op_nested": frozenset(site.op.value for site, depth in inside if depth >= 2),
         "site_in_region": frozenset(f"{site.op.value}.{site.dtype.value}" for site, _ in inside),
+        "site_in_sdpa_kernel": frozenset(f"{site.op.value}.{site.dtype.value}" for region in program.all_regions()
+                                         if region.passing is Passing.SDPA_KERNEL for site in region.sites()),
         "first_draw_in_region": frozenset(draws[0].op.value for draws in region_draws if draws),
         "op_before_draw": frozenset(before_draw),
     }
