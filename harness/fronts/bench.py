@@ -202,13 +202,6 @@ def bench(target: Target, device: str, total_cases: int, matrix_wall: bool = Tru
     return figures
 
 
-def _slots(device: str, count: int) -> list[str | None]:
-    """The GPU of each of `count` case workers (interleaved over the visible GPUs), or none."""
-    if device != "cuda":
-        return [None] * count
-    return gpus.spread(gpus.cuda_gpu_ids(), count)
-
-
 def pool_throughput(target: Target, cases: Sequence[Case], entries: Sequence[Any], count: int) -> dict[str, Any]:
     """The matrix's throughput with `count` isolated case workers (`run.pool.CasePool`, as
     ``harness run --jobs N`` runs it): the matrix twice over the same workers, the second pass
@@ -216,7 +209,7 @@ def pool_throughput(target: Target, cases: Sequence[Case], entries: Sequence[Any
     verdict in the timed pass equal those of the first (a worker sharing the GPU must not change
     one)."""
     work = [(target, case) for case in cases]
-    pool = CasePool(_slots(str(cases[0].device.value), count))
+    pool = CasePool(gpus.pinned(cases[0].device.value, count))
     passes: list[dict[int, tuple[str, str]]] = []
     seconds: list[float] = []
     try:

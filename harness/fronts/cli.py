@@ -480,12 +480,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
     if captures:
         check_selection([], [device], captures)
-    slots = _fuzz_slots(device, args.jobs)
-    workers = [isolation.CaseWorker(isolation.DEFAULT_TIMEOUT_S, env=None if gpu is None else
-                                    {"CUDA_VISIBLE_DEVICES": gpu}) for gpu in slots] if isolate else [None]
-    for case_worker in workers:
-        if case_worker is not None:
-            case_worker.start()  # every process imports torch at once
+    # One worker keeps the devices this process sees; several are spread over the GPUs.
+    slots = [None] if args.jobs == 1 else gpus.pinned(device, args.jobs)
+    pool = CasePool(slots, isolation.DEFAULT_TIMEOUT_S) if isolate else None  # every process starts at once
+    workers = pool.workers if pool is not None else [None]
     if args.jobs > 1:
         print(f"{args.jobs} searches side by side, one isolated worker each"
               f"{' on GPUs ' + ','.join(str(g) for g in slots) if slots[0] is not None else ''}"
@@ -517,20 +515,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         with stops.shielded():
             if live is not None:
                 live.close()
-            for case_worker in workers:
-                if case_worker is not None:
-                    case_worker.close()
+            if pool is not None:
+                pool.close()
     progress.done()
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
         return _fuzz_summary(args, target, found, list(records.values()), env, entries)
-
-
-def _fuzz_slots(device: str, count: int) -> list[str | None]:
-    """The GPU of each of the fuzzer's `count` workers (interleaved over the visible GPUs), or
-    None each on the CPU, or for one worker (it keeps the devices this process sees)."""
-    if device != "cuda" or count == 1:
-        return [None] * count
-    return gpus.spread(gpus.cuda_gpu_ids(), count)
 
 
 def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],

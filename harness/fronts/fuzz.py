@@ -409,6 +409,7 @@ def fuzz_parallel(target: Target, device: Device, entries: Sequence[Any], worker
     halt, seen, lock = threading.Event(), set(), threading.Lock()
     results: list[FuzzResult | None] = [None] * count
     live: list[FuzzResult] = [FuzzResult() for _ in range(count)]
+    errors: list[BaseException] = []  # what a search raised, raised again here
     start = time.perf_counter()
 
     def report(index: int, result: FuzzResult) -> None:
@@ -434,7 +435,6 @@ def fuzz_parallel(target: Target, device: Device, entries: Sequence[Any], worker
             results[index] = FuzzResult(stopped=exc if isinstance(exc, KeyboardInterrupt) else None)
             errors.append(exc)
 
-    errors: list[BaseException] = []
     threads = [threading.Thread(target=search, args=(i,), name=f"fuzz-{i}", daemon=True) for i in range(count)]
     for thread in threads:
         thread.start()

@@ -142,6 +142,12 @@ def spread(gpus: Sequence[str], count: int) -> list[str]:
     return [gpus[i % len(gpus)] for i in range(count)]
 
 
+def pinned(device: str, count: int) -> list[str | None]:
+    """The GPU of each of `count` workers for cases on `device`: spread over `cuda_gpu_ids` on
+    CUDA, None each (not pinned) otherwise."""
+    return spread(cuda_gpu_ids(), count) if device == "cuda" else [None] * count
+
+
 def plan_slots(gpus: Sequence[str], per_gpu: int) -> list[str]:
     """The GPU of each case worker: `per_gpu` workers on every GPU, interleaved (w0 on the first
     GPU, w1 on the second, ...) so a run with fewer cases than workers still spreads over the GPUs."""

@@ -222,18 +222,6 @@ def _case_worker(config: pytest.Config) -> isolation.CaseWorker | None:
     return worker
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """An xdist worker that collected harness cases starts its case worker now: the process
-    imports torch and warms up (seconds) while xdist hands out the work, not at the first case."""
-    config = session.config
-    if getattr(config, "workerinput", None) is not None and any(
-            isinstance(getattr(item, "callspec", None) and item.callspec.params.get("harness_case"), HarnessCase)
-            for item in session.items):
-        worker = _case_worker(config)
-        if worker is not None:
-            worker.start()
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     worker = getattr(config, "_harness_worker", None)
     if worker is not None:
@@ -284,6 +272,12 @@ class ReportCollector:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.expected = _harness_ids([item.nodeid for item in session.items])  # after -k / -m
+        if self.expected and getattr(self.config, "workerinput", None) is not None:
+            # An xdist worker with harness cases starts its case worker now: the process imports
+            # torch and warms up (seconds) while xdist hands out the work, not at the first case.
+            worker = _case_worker(self.config)
+            if worker is not None:
+                worker.start()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
