@@ -28,6 +28,12 @@ def fake_capture(monkeypatch):
     monkeypatch.setattr(rng, "_capturing", lambda: True)
 
 
+@pytest.fixture
+def torch_without_philox(monkeypatch):
+    """The stash tests and limits describe a torch without Generator.philox_state (CI's 2.13)."""
+    monkeypatch.setattr(rng, "philox_available", lambda: False)
+
+
 @pytest.fixture(autouse=True)
 def _restore_cpu_rng():
     with torch.random.fork_rng(devices=[]):
@@ -72,7 +78,7 @@ def test_stash_hands_back_forward_draws_without_any_rewind(fake_capture, reentra
 
 
 @pytest.mark.parametrize("reentrant", [True, False])
-def test_auto_picks_the_stash_under_capture(fake_capture, reentrant):
+def test_auto_picks_the_stash_under_capture_without_philox_state(fake_capture, torch_without_philox, reentrant):
     masks = region_with_perturbed_recompute("auto", reentrant)
     assert bitwise_diff(masks["recompute"][0], masks["forward"][0], oracle="", subject="", iteration=0) is None
 
@@ -99,8 +105,8 @@ def test_whole_cases_pass_under_a_fake_capture(fake_capture, impl, case_id):
 
 
 def test_unknown_capture_strategy_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown capture_strategy 'philox'; valid: auto, stash, values"):
-        checkpoint(lambda h: h, torch.ones(1), capture_strategy="philox")
+    with pytest.raises(ValueError, match="unknown capture_strategy 'device'; valid: auto, stash, values, philox"):
+        checkpoint(lambda h: h, torch.ones(1), capture_strategy="device")
 
 
 def test_stash_refuses_a_recompute_that_draws_more_than_its_forward(fake_capture):
@@ -162,9 +168,157 @@ def test_a_snapshot_refused_during_capture_names_the_missing_api(fake_capture):
             raise RuntimeError("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture")
 
     class Policy(ValuePolicy):
+        capture_strategy = "values"
+
         def generators(self, tracker):
             return [Refusing()]
 
     with pytest.raises(CaptureStrategyError,
-                       match=r"needs Generator.get_state during CUDA graph capture \(torch >= 2.10\)"):
+                       match=r"'values' needs Generator.get_state during CUDA graph capture \(torch >= 2.10\)"):
         Policy().snapshot(None)
+
+
+# --- the philox strategy (torch >= 2.14), with a generator that acts out a capture ---------------
+
+
+class DeviceValue:
+    """Stands in for a one-element CUDA tensor of a graph (the CPU build has none)."""
+
+    is_cuda = True
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def clone(self) -> "DeviceValue":
+        return DeviceValue(self.value)
+
+    def copy_(self, other: "DeviceValue") -> "DeviceValue":
+        self.value = other.value
+        return self
+
+
+class Graph:
+    """A capture's device seed and base offset of one generator (what each replay refills)."""
+
+    def __init__(self, seed: int, base: int) -> None:
+        self.seed, self.offset = DeviceValue(seed), DeviceValue(base)
+
+
+class CapturingGenerator:
+    """A CUDA generator as `philox_state` shows it: during a capture its seed and offset are the
+    graph's device values and `get_state` holds the intragraph offset; eagerly, CPU tensors."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self) -> None:
+        self.graph: Graph | None = None
+        self.seed, self.intragraph = 7, 0
+
+    def philox_state(self, increment: int):
+        assert increment == 0  # a snapshot must reserve nothing
+        if self.graph is None:
+            return torch.tensor([self.seed]), torch.tensor([self.intragraph]), torch.tensor([0])
+        return self.graph.seed, self.graph.offset, torch.tensor([self.intragraph])
+
+    def get_state(self) -> torch.Tensor:
+        return torch.tensor([self.seed, self.intragraph])
+
+    def set_state(self, value: torch.Tensor) -> None:
+        self.seed, self.intragraph = (int(v) for v in value)
+
+
+@pytest.fixture
+def torch_with_philox(monkeypatch):
+    monkeypatch.setattr(rng, "philox_available", lambda: True)
+
+
+def test_auto_is_philox_where_the_api_exists_and_the_stash_elsewhere(monkeypatch):
+    monkeypatch.setattr(rng, "philox_available", lambda: True)
+    assert rng.resolve_capture_strategy("auto") == "philox" and not ValuePolicy().stash_under_capture()
+    monkeypatch.setattr(rng, "philox_available", lambda: False)
+    assert rng.resolve_capture_strategy("auto") == "stash" and ValuePolicy().stash_under_capture()
+    assert [rng.resolve_capture_strategy(s) for s in ("stash", "values", "philox")] == ["stash", "values", "philox"]
+
+
+def test_the_build_is_asked_by_capability():
+    assert rng.philox_available() == hasattr(torch.Generator, "philox_state")
+
+
+def test_a_philox_snapshot_saves_the_graphs_device_seed_and_offset_and_the_host_values(fake_capture,
+                                                                                          torch_with_philox):
+    gen, cpu = CapturingGenerator(), torch.Generator().manual_seed(3)
+    forward = gen.graph = Graph(seed=7, base=100)
+    gen.intragraph = 12
+    snap = rng.PhiloxValues.take([cpu, gen])
+    assert [(g, s.value, o.value) for g, s, o in snap.device] == [(gen, 7, 100)]  # the CPU generator has none
+    assert torch.equal(snap.entries[1][1], torch.tensor([7, 12])) and torch.equal(snap.entries[0][1], cpu.get_state())
+    forward.offset.value = 104  # the next replay refills the graph's tensors: the snapshot is a copy
+    assert snap.device[0][2].value == 100
+
+
+def test_a_philox_rewind_puts_the_forwards_values_into_the_recompute_graph_and_restores_them(fake_capture,
+                                                                                              torch_with_philox):
+    gen = CapturingGenerator()
+    gen.graph, gen.intragraph = Graph(seed=7, base=100), 12
+    policy = ValuePolicy()
+    policy.capture_strategy = "philox"
+    snap = rng.PhiloxValues.take([gen])
+    backward = gen.graph = Graph(seed=7, base=300)  # a separate backward graph: another base offset
+    gen.intragraph = 4
+    token = policy.rewind(snap)
+    assert (backward.seed.value, backward.offset.value, gen.intragraph) == (7, 100, 12)  # the forward's draws
+    policy.restore(token)
+    assert (backward.seed.value, backward.offset.value, gen.intragraph) == (7, 300, 4)  # the graph's own again
+
+
+def test_the_policy_takes_a_philox_snapshot_under_capture_only(fake_capture, torch_with_philox, monkeypatch):
+    gen = CapturingGenerator()
+    gen.graph = Graph(seed=7, base=100)
+    policy = ValuePolicy()
+    monkeypatch.setattr(policy, "generators", lambda tracker: [gen])
+    assert type(policy.snapshot(None)) is rng.PhiloxValues
+    policy.capture_strategy = "values"
+    assert type(policy.snapshot(None)) is StateValues
+    monkeypatch.setattr(rng, "_capturing", lambda: False)
+    policy.capture_strategy = "philox"
+    assert type(policy.snapshot(None)) is StateValues  # eagerly, host values are the whole state
+
+
+def test_philox_without_the_api_is_one_clear_error(fake_capture, torch_without_philox):
+    with pytest.raises(CaptureStrategyError, match=r"'philox' needs Generator.philox_state \(torch >= 2.14\)"):
+        checkpoint(lambda h: h * 2, torch.ones(2, requires_grad=True), capture_strategy="philox")
+
+
+def test_a_philox_snapshot_written_back_outside_a_capture_says_so(torch_with_philox):
+    gen = CapturingGenerator()
+    gen.graph = Graph(seed=7, base=100)
+    snap = rng.PhiloxValues.take([gen])
+    gen.graph = None
+    with pytest.raises(CaptureStrategyError, match="written back outside one"):
+        snap.write_back()
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_philox_redraws_so_a_missing_rewind_shows(fake_capture, torch_with_philox, reentrant):
+    # Unlike the stash, the philox strategy redraws: without its rewind the masks differ.
+    masks = region_with_perturbed_recompute("philox", reentrant)
+    assert bitwise_diff(masks["recompute"][0], masks["forward"][0], oracle="", subject="", iteration=0) is not None
+
+
+@pytest.mark.parametrize("case_id", ["reentrant-shared-eager-nested-draws-cpu",
+                                     "nonreentrant-mixed-eager-siblings-draws-cpu"])
+def test_whole_cases_pass_with_philox_under_a_fake_capture(fake_capture, torch_with_philox, case_id):
+    result = run(parse_case_id(case_id), load("bundled"))
+    assert result.outcome is Outcome.PASS, result.summary()
+
+
+def test_bundled_limits_belong_to_its_capture_strategy(monkeypatch):
+    efficient = parse_case_id("reentrant-default-separate-(native_dropout+sdpa_efficient.f16)-none-cuda")
+    monkeypatch.setattr(rng, "philox_available", lambda: False)
+    stash_reason = load("bundled").limit(efficient)
+    assert stash_reason.startswith("the stash capture strategy hands memory-efficient attention's forward outputs")
+    control = load("neg-no-restore").limit(efficient)
+    assert control == f"not judged for the 'values' capture strategy where the stash is unsound: {stash_reason}"
+    monkeypatch.setattr(rng, "philox_available", lambda: True)
+    assert load("bundled").limit(efficient) is None
+    assert load("neg-no-restore").limit(efficient) == control  # the controls rewind host values on every torch

@@ -413,7 +413,8 @@ def test_an_impls_declared_limit_is_unsupported_with_its_reason(capsys):
                  "--device", "cpu"]) == 1
 
 
-def test_the_case_an_impl_is_asked_about_says_what_the_model_drew():
+def test_the_case_an_impl_is_asked_about_says_what_the_model_drew(monkeypatch):
+    from harness.checkpoint import rng
     from harness.fronts.module_mode import module_case
     from harness.impls.bundled import BundledAdapter
     from harness.model.programs import Op, Passing
@@ -423,6 +424,7 @@ def test_the_case_an_impl_is_asked_about_says_what_the_model_drew():
     case = module_case(Mode.NONREENTRANT, Capture.SEPARATE, torch.device("cuda"), draws, keyword=True, tracked=False)
     assert case.program.ops() == {Op.SDPA_EFFICIENT, Op.NATIVE_DROPOUT, Op.RAND}
     assert case.program.passings() == {Passing.KEYWORD}
+    monkeypatch.setattr(rng, "philox_available", lambda: False)  # the stash's limits (a torch < 2.14)
     assert "memory-efficient attention" in BundledAdapter().limit(case)
     eager = module_case(Mode.NONREENTRANT, Capture.EAGER, torch.device("cuda"), draws, keyword=False, tracked=True)
     assert BundledAdapter().limit(eager) is None and eager.layout.value == "mixed"

@@ -37,9 +37,11 @@ def checkpoint(
     CUDA device, each stream of `tracker`), runs under the forward's autocast state and SDPA
     backend choice, and afterwards every stream holds the value it had just before the recompute.
     Tensors may come positionally, by keyword or inside lists, tuples and dicts (both modes
-    differentiate them all).  Under CUDA-graph capture, `capture_strategy` picks how: 'auto' and
-    'stash' keep the region's RNG outputs and hand them back (sound across separate graphs);
-    'values' rewinds capture-relative states (sound only within one graph).
+    differentiate them all).  Under CUDA-graph capture, `capture_strategy` picks how: 'philox'
+    also rewinds the graph's device seed and offset (torch >= 2.14, `Generator.philox_state`;
+    sound across separate graphs); 'stash' keeps the region's RNG outputs and hands them back
+    (sound across separate graphs, any torch); 'values' rewinds capture-relative host states
+    (sound only within one graph); 'auto' is 'philox' where this torch has it, else 'stash'.
     """
     if policy is None:
         if capture_strategy not in _POLICIES:

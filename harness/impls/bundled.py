@@ -39,6 +39,18 @@ class BundledAdapter(Adapter):
         return self._limit(case, auto, why)
 
     def _limit(self, case: Any, auto: set[str], why: str) -> str | None:
+        # Limits belong to a capture strategy ('auto' resolves by this torch's capabilities).
+        strategy = self.policy.strategy()
+        if strategy == "philox":
+            return None  # redraws from the forward's device seed and offset: no kept outputs to misuse
+        reason = self._stash_limit(case, auto, why)
+        if reason and strategy != "stash":
+            # The controls rewind host values under capture; they are not judged where bundled's
+            # own stash is unsound, so their verdicts stay comparable with bundled's.
+            return f"not judged for the {strategy!r} capture strategy where the stash is unsound: {reason}"
+        return reason
+
+    def _stash_limit(self, case: Any, auto: set[str], why: str) -> str | None:
         efficient = "sdpa_efficient" in {op.value for op in case.program.ops()} or "efficient" in auto
         if efficient and case.capture.value == "separate":
             return ("the stash capture strategy hands memory-efficient attention's forward outputs "
