@@ -135,3 +135,36 @@ def test_version_in_helper():
 def test_shipped_file_still_loads():
     for entry in expectations.load():
         assert isinstance(entry.versions, str)
+
+
+TORCH_RANGED = """
+[[expect]]
+impl = "neg-host-values"
+cases = ["*-separate-*-none-cuda"]
+torch = ">=2.14"
+reason = "per-capture Philox state: a host rewind misses the forward even without a replay between"
+"""
+
+
+@pytest.mark.parametrize("torch_version, expected", [("2.14.1+cu130", True), ("2.15.0", True),
+                                                     ("2.11.0+cu130", False), ("2.13.0+cpu", False)])
+def test_a_torch_range_selects_by_the_torch_under_test(tmp_path, monkeypatch, torch_version, expected):
+    import torch
+
+    (entry,) = _write(tmp_path, TORCH_RANGED)
+    assert entry.torch == ">=2.14" and entry.versions == ""
+    assert "torch >=2.14" in entry.describe()
+    case = "reentrant-default-separate-flat-none-cuda"
+    assert entry.applies_to("0.1.0", torch_version) is expected  # the impl's own version is not torch's
+    monkeypatch.setattr(torch, "__version__", torch_version)  # the default: this process's torch
+    assert (find([entry], "neg-host-values", case, "0.1.0") is entry) is expected
+    explained = expectations.explain([entry], "neg-host-values", case, "0.1.0")
+    assert ("MATCH" in explained[0]) is expected
+    assert expected or f"torch {torch_version} is outside >=2.14" in explained[0]
+
+
+def test_a_bad_torch_range_is_a_one_line_error(tmp_path):
+    with pytest.raises(ExpectationError, match=r"entry 1: bad versions specifier '2\.14'"):
+        _write(tmp_path, '[[expect]]\nimpl = "x"\ncases = ["*"]\nreason = "r"\ntorch = "2.14"\n')
+    with pytest.raises(ExpectationError, match="torch must be a string"):
+        _write(tmp_path, '[[expect]]\nimpl = "x"\ncases = ["*"]\nreason = "r"\ntorch = 2.14\n')

@@ -20,14 +20,20 @@
 # nvidia-nccl-cu13==2.30.7 (the image's NCCL is older: `undefined symbol: ncclCommResume` without
 # it), nvidia-cudnn-cu13==9.24.0.43 (image 9.19.0.56), nvidia-cusparselt-cu13==0.8.1,
 # nvidia-nvshmem-cu13==3.4.5, cuda-toolkit==13.0.3 (image 13.0.2) and triton~=3.8.0 (inductor only).
-# The kit brings torch and NCCL; the image's other libraries are put on LD_LIBRARY_PATH after it.
-# Whether they do is what `check` finds out.
+# The kit brings torch, NCCL and cuDNN; the image's other libraries come after them on
+# LD_LIBRARY_PATH.  Seen on the H200 (2026-12-04): with the image's cuDNN 9.19 torch imports, but
+# torch.backends.cudnn refuses it ("compiled against (9, 24, 0) but found runtime version
+# (9, 19, 0)") and cuDNN attention with dropout fails (CUDNN_STATUS_BAD_PARAM; a reentrant recompute
+# that lands on it crashed); with cuDNN 9.24 from this kit every cuDNN cell ran.  The image's
+# cuSPARSELt, NVSHMEM and CUDA 13.0.2 libraries load and served every case.  24 parts: about
+# 5 s of device time each, install about 30 s.  The machine has no `unzip`.
 set -euo pipefail
 
 TORCH_WHEEL_SPEC="torch==2.14.1"
 NCCL_WHEEL_SPEC="nvidia-nccl-cu13==2.30.7"
+CUDNN_WHEEL_SPEC="nvidia-cudnn-cu13==9.24.0.43"
 PART_BYTES=56000000  # a part and the working tree (about 1.5 MB) stay under the 64 MiB a call carries
-PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_18_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
+PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_18_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
 
 die() { echo "torch214_kit: $*" >&2; exit 2; }
 
@@ -38,7 +44,7 @@ prepare() {
     local platform_args=()
     for p in "${PLATFORMS[@]}"; do platform_args+=(--platform "$p"); done
     python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        "${platform_args[@]}" -d "$wheels" "$TORCH_WHEEL_SPEC" "$NCCL_WHEEL_SPEC"
+        "${platform_args[@]}" -d "$wheels" "$TORCH_WHEEL_SPEC" "$NCCL_WHEEL_SPEC" "$CUDNN_WHEEL_SPEC"
     rm -rf "$dir"/p[0-9][0-9]
     : > "$dir/MANIFEST"
     local n=0 whl name size sum parts part
@@ -91,13 +97,16 @@ install() {
 
 env_lines() {
     local target=${1:-/tmp/t214site}
-    # The kit's NCCL first; then the image's NVIDIA libraries (cuDNN, cuBLAS, ...), which the new
-    # torch's RUNPATH ($ORIGIN/../../nvidia/...) cannot reach from the target folder.
-    local libs="$target/nvidia/nccl/lib"
-    local site
+    # The kit's libraries first (NCCL, cuDNN: LD_LIBRARY_PATH wins over RUNPATH, so the image's
+    # older ones must not come before them); then the image's other NVIDIA libraries (cuBLAS, ...),
+    # which the new torch's RUNPATH ($ORIGIN/../../nvidia/...) cannot reach from the target folder.
+    local libs="" d site
+    for d in "$target"/nvidia/*/lib; do
+        [ -d "$d" ] && libs="${libs:+$libs:}$d"
+    done
     for site in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))'); do
         for d in "$site"/nvidia/*/lib; do
-            [ -d "$d" ] && [ "$d" != "$site/nvidia/nccl/lib" ] && libs="$libs:$d"
+            [ -d "$d" ] && [ ! -d "$target/nvidia/$(basename "$(dirname "$d")")/lib" ] && libs="${libs:+$libs:}$d"
         done
     done
     echo "export PYTHONPATH=$target\${PYTHONPATH:+:\$PYTHONPATH}"
@@ -109,9 +118,13 @@ check() {
 import torch
 print("torch", torch.__version__, "from", torch.__file__)
 print("cuda available", torch.cuda.is_available(), "| cuda", torch.version.cuda,
-      "| cudnn", torch.backends.cudnn.version(), "| nccl", ".".join(map(str, torch.cuda.nccl.version())))
+      "| nccl", ".".join(map(str, torch.cuda.nccl.version())))
+cudnn = torch._C._cudnn
+print("cudnn compiled against", cudnn.getCompileVersion(), "| loaded", cudnn.getRuntimeVersion())
+print("cudnn accepted by torch:", torch.backends.cudnn.version())
 print("Generator.philox_state present:", hasattr(torch.Generator, "philox_state"))
 if torch.cuda.is_available():
+    torch.cuda.init()  # default_generators is empty until CUDA is initialised
     gen = torch.cuda.default_generators[0]
     print("philox_state(0) eagerly:", gen.philox_state(0))
 EOF

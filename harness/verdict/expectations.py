@@ -39,6 +39,10 @@ to fail and a pass shows as a pass, not as a silently kept xfail.  An entry with
 applies to every version.  Pre-releases and dev builds count by their place in PEP 440 order
 (``0.20.0rc1`` is not ``<0.20``, ``0.19.3.dev0`` is ``>=0.19``); a version string that is not
 PEP 440 counts as unknown.
+
+``torch = ">=2.14"`` does the same for the torch under test (``torch.__version__`` where the case
+is judged), for an impl whose own version is not torch's: the bundled checkpoint and its controls
+behave differently where torch's RNG under capture changed (per-capture Philox state).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "cases" / "expectations.toml"
 OUTCOMES = ("pass", *FAILED_OUTCOMES)  # what an entry may expect
-ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "outcome", "oracles", "message", "name",
+ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "torch", "outcome", "oracles", "message", "name",
               "unless", *FACT_KEYS}
 
 
@@ -121,6 +125,7 @@ class Expectation:
     unless: tuple[tuple[tuple[str, Any], ...], ...] = ()  # fact sets that take a case out again
     name: str = ""  # the bug's name
     number: int = 0  # the entry's place in its file (1-based)
+    torch: str = ""  # PEP 440 specifier set on the torch under test; empty = every torch
 
     @property
     def outcome(self) -> str:
@@ -186,15 +191,35 @@ class Expectation:
                     out.append(f"unless {', '.join(f'{k}={_shown(v)}' for k, v in facts)} holds")
         return out
 
-    def applies_to(self, version: "str | None") -> bool:
-        """True for an entry without a range, else when `version` is known and in the range."""
-        return not self.versions or version_in(version, self.versions)
+    def applies_to(self, version: "str | None", torch_version: "str | None" = None) -> bool:
+        """True when the impl's `version` is in the entry's `versions` range and the torch under
+        test (`torch_version`, default this process's torch) in its `torch` range; an absent
+        range holds for every version."""
+        return not self.outside(version, torch_version)
+
+    def outside(self, version: "str | None", torch_version: "str | None" = None) -> list[str]:
+        """Why the entry's version ranges exclude this run, one phrase each ([] when they hold)."""
+        out = []
+        if self.versions and not version_in(version, self.versions):
+            out.append(f"version {version or 'unknown'} is outside {self.versions}")
+        if self.torch:
+            torch_version = torch_version or _torch_version()
+            if not version_in(torch_version, self.torch):
+                out.append(f"torch {torch_version} is outside {self.torch}")
+        return out
 
     def describe(self) -> str:
-        where = f" (versions {self.versions})" if self.versions else ""
+        ranges = [f"{key} {spec}" for key, spec in (("versions", self.versions), ("torch", self.torch)) if spec]
+        where = f" ({', '.join(ranges)})" if ranges else ""
         what = [*(f"{k}={_shown(v)}" for k, v in self.facts), *self.patterns]
         named = f" ({self.name})" if self.name else ""
         return f"{self.impl}{named}: {', '.join(what)}{where}"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _shown(value: Any) -> str:
@@ -210,6 +235,18 @@ def _string_list(raw: Any, key: str, where: str) -> tuple[str, ...]:
     return tuple(values)
 
 
+def _range(raw: Mapping[str, Any], key: str, where: str) -> str:
+    """A `versions` or `torch` range of an entry, checked ('' where absent)."""
+    spec = raw.get(key, "")
+    if not isinstance(spec, str):
+        raise ExpectationError(f"{where} {key} must be a string such as \">=0.16,<0.20\", not {type(spec).__name__}")
+    try:
+        parse_versions(spec)
+    except ExpectationError as exc:
+        raise ExpectationError(f"{where}: {exc}") from None
+    return spec.strip()
+
+
 def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
     """One [[expect]] table -> `Expectation`; anything malformed is one ExpectationError line."""
     missing = [key for key in ("impl", "reason") if key not in raw]
@@ -221,15 +258,7 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
     facts = check_facts(raw, where, ExpectationError)
     if "cases" not in raw and not facts:
         raise ExpectationError(f"{where} names no cases: give facts ({', '.join(FACT_KEYS)}) or cases patterns")
-    versions = raw.get("versions", "")
-    if not isinstance(versions, str):
-        raise ExpectationError(
-            f"{where} versions must be a string such as \">=0.16,<0.20\", not {type(versions).__name__}"
-        )
-    try:
-        parse_versions(versions)
-    except ExpectationError as exc:
-        raise ExpectationError(f"{where}: {exc}") from None
+    versions, torch_range = (_range(raw, key, where) for key in ("versions", "torch"))
     outcomes = _string_list(raw.get("outcome", "mismatch"), "outcome", where)
     bad_outcome = [o for o in outcomes if o not in OUTCOMES]
     if bad_outcome:
@@ -266,8 +295,8 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
                                    "or a list of them")
         unless.append(tuple(check_facts(table, f"{where} unless", ExpectationError).items()))
     return Expectation(
-        raw["impl"], patterns, raw["reason"], raw.get("issue", ""), versions.strip(), outcomes, oracles, message,
-        tuple(facts.items()), tuple(unless), name, number,
+        raw["impl"], patterns, raw["reason"], raw.get("issue", ""), versions, outcomes, oracles, message,
+        tuple(facts.items()), tuple(unless), name, number, torch_range,
     )
 
 
@@ -319,9 +348,7 @@ def explain(entries: Iterable[Expectation], impl: str, case: Any, version: "str 
     for entry in entries:
         if not fnmatch.fnmatchcase(impl, entry.impl):
             continue
-        misses = entry.misses(case)
-        if not misses and not entry.applies_to(version):
-            misses = [f"version {version or 'unknown'} is outside {entry.versions}"]
+        misses = entry.misses(case) or entry.outside(version)
         if misses:
             lines.append(f"  no    {entry.label}: {'; '.join(misses)}")
         elif chosen is None:
@@ -340,13 +367,13 @@ def unmatched(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[Expe
 
 
 def conflicts(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[str]:
-    """One line per case that two entries of one impl (and one versions range) both claim with
+    """One line per case that two entries of one impl (and the same version ranges) both claim with
     different expected failures: the first would win without a word."""
     by_impl: dict[tuple[str, str], list[Expectation]] = {}
     for entry in entries:
-        by_impl.setdefault((entry.impl, entry.versions), []).append(entry)
+        by_impl.setdefault((entry.impl, entry.versions, entry.torch), []).append(entry)
     lines = []
-    for (impl, _), group in by_impl.items():
+    for (impl, _, _), group in by_impl.items():
         if len(group) < 2:
             continue
         seen: set[tuple[int, int]] = set()
