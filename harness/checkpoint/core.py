@@ -13,7 +13,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from .context import ForwardContext
-from .rng import CAPTURE_STRATEGIES, RNGPolicy, ValuePolicy, _capturing
+from .rng import CAPTURE_STRATEGIES, RNGPolicy, ValuePolicy, _capturing, resolve_capture_strategy
 from .stash import RNGStash
 
 _POLICIES = {name: ValuePolicy() for name in CAPTURE_STRATEGIES}
@@ -44,8 +44,7 @@ def checkpoint(
     (sound only within one graph); 'auto' is 'philox' where this torch has it, else 'stash'.
     """
     if policy is None:
-        if capture_strategy not in _POLICIES:
-            raise ValueError(f"unknown capture_strategy {capture_strategy!r}; valid: {', '.join(CAPTURE_STRATEGIES)}")
+        resolve_capture_strategy(capture_strategy)  # an unknown name: one ValueError line, said there
         policy = _POLICIES[capture_strategy]
     if reentrant:
         # An autograd.Function sees only its direct tensor arguments: flatten the containers and

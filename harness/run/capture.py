@@ -141,8 +141,10 @@ def run_separate(step: Step, iterations: int) -> None:
     Interleaved draws run as another micro-batch's graph would: a third graph that draws from
     every CUDA stream, replayed between the forward and backward replays (plus an eager CPU draw).
     Its replay refills the generators' device-side seed/offset, which is what a host-side rewind
-    in the backward graph cannot see.  (A backward graph whose net RNG increment is zero is not
-    refilled on replay, so without other graphs in between a host-side rewind lines up by luck.)
+    in the backward graph cannot see.  (Up to torch 2.13 a generator has one pair of device
+    tensors, and a backward graph whose net RNG increment is zero does not refill them on replay,
+    so without other graphs in between a host-side rewind lines up by luck; from 2.14 every capture
+    has its own pair and it never does.)
     """
     with _released([]) as graphs:
         _warm_up(step, single=False)
