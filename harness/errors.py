@@ -7,9 +7,11 @@ module keeps its own subclass, so a message can say what kind of input was bad, 
 still catch one kind.  This module imports nothing: the report package (no torch) uses it too.
 
 Left outside on purpose: the bundled checkpoint's errors (`harness.checkpoint`: a library of its
-own that does not import the harness), the control flow of the fuzzer (`fuzz.Found`) and SIGTERM
+own that does not import the harness), the control flow of the fuzzer (`fuzz.Found`), SIGTERM
 (`stops.Terminated`, a KeyboardInterrupt so that ``except Exception`` in code under test cannot
-swallow it).
+swallow it) and a record that could not be written (`stops.WriteFailed`, a KeyboardInterrupt for
+the same reason: the run stops and reports what it judged, as after SIGTERM).  A write that fails
+after the up-front checks is `report.ReportWriteError`, a UsageError: exit status 2 as well.
 """
 
 from __future__ import annotations

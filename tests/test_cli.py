@@ -320,7 +320,7 @@ def test_an_auto_device_run_says_which_device_and_require_cuda_refuses_the_cpu_s
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a visible CUDA device")
     args = ["run", "--impl", "bundled", "--program", "flat", "--mode", "reentrant", "--layout", "default",
-            "--interleave", "none", "-q", "--no-isolate", "--report-dir", str(tmp_path / "r")]
+            "--interleave", "none", "-q", "--no-isolate", "--report-dir", str(tmp_path / "r"), "--replace-report"]
     assert main(args) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("device: no CUDA device visible") and "running the CPU subset, 1 cases" in first

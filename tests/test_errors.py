@@ -13,9 +13,10 @@ from harness.fronts.cli import main
 
 # Outside on purpose (harness.errors says why): the bundled checkpoint is a library of its own; the
 # fuzzer's Found is control flow inside Hypothesis; stops.Terminated is SIGTERM as a
-# KeyboardInterrupt, which `except Exception` in code under test must not catch.
+# KeyboardInterrupt, which `except Exception` in code under test must not catch; stops.WriteFailed
+# (a record that could not be written) is one too, so a run stops and reports as after SIGTERM.
 OUTSIDE = ("harness.checkpoint",)
-CONTROL_FLOW = {"harness.fronts.fuzz.Found", "harness.run.stops.Terminated"}
+CONTROL_FLOW = {"harness.fronts.fuzz.Found", "harness.run.stops.Terminated", "harness.run.stops.WriteFailed"}
 
 
 def harness_exception_classes() -> dict[str, type]:

@@ -49,7 +49,7 @@ def test_a_bad_program_name_is_one_line_naming_what_is_valid(bad):
 def test_a_bad_program_in_a_case_id_or_filter_is_a_case_error():
     with pytest.raises(CaseError, match="unknown op 'bogus'"):
         parse_case_id("reentrant-default-eager-bogus.f32.small.positional.flat-none-cpu")
-    with pytest.raises(CaseError, match="unknown nesting"):
+    with pytest.raises(CaseError, match=r"unknown program .triple.: a program is a nesting \(flat, nested"):
         list(generate(program="triple"))
 
 

@@ -285,5 +285,6 @@ def render(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_json(figures: dict[str, Any], path: "str | Path") -> None:
-    Path(path).write_text(json.dumps(figures, indent=2) + "\n")
+def json_text(figures: dict[str, Any]) -> str:
+    """The figures as the JSON text `bench --json` writes."""
+    return json.dumps(figures, indent=2) + "\n"

@@ -19,6 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
+from packaging.version import InvalidVersion, Version
+
 from .. import impls
 from .. import report as reporting
 from ..model import shards
@@ -46,7 +48,7 @@ from . import gpus, repro_script, timeline
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--matrix", default="default", choices=MATRICES,
+    parser.add_argument("--matrix", default=None, choices=MATRICES,
                         help="default: the first matrix's programs over every axis plus a covering set of "
                              "programs; full: every valid program over every axis (large)")
     for axis, enum_type in AXES.items():
@@ -61,23 +63,76 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
                         help="run exactly this case id (repeatable); overrides the axis filters")
 
 
+def _add_replace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(reporting.REPLACE_FLAG, dest="replace_report", action="store_true",
+                        help="--report-dir may hold a report: this run replaces it (its files are removed at the "
+                             "first record; without the flag such a folder is refused)")
+
+
+def _load_expectations(path: str | None, *, problems: bool = True) -> tuple[list[Any], list[str]]:
+    """The expectation entries of `path` (default cases/expectations.toml) and, with `problems`,
+    the lines on entries that can never apply or that conflict (`entry_problems`), each also
+    printed as a warning: the console says what the report's "Needs attention" will.  An entry
+    naming an impl no implementation matches is a UsageError (a typo would otherwise silently
+    claim nothing)."""
+    entries = expectations_mod.load(path)
+    expectations_mod.check_impls(entries, impls.registered(), path)
+    lines = expectations_mod.entry_problems(entries, impls.registered()) if problems else []
+    for line in lines:
+        print(f"warning: expectations: {line}", file=sys.stderr, flush=True)
+    return entries, lines
+
+
+def _append_or_halt(live: LiveResults, record: CaseRecord) -> None:
+    """Put `record` on disk now; a write that fails (a full disk) stops the run the way a signal
+    does (`stops.WriteFailed`), so what was judged is kept and reported, and the exit status is 2."""
+    try:
+        live.append(record)
+    except reporting.ReportWriteError as exc:
+        stops.halt(stops.WriteFailed(str(exc)))
+
+
+def _filters_given(args: argparse.Namespace) -> list[str]:
+    """The case filters on the command line, as typed ('--layout tracked', '--device cpu')."""
+    given = [f"--{name} {getattr(args, name)}" for name in [*AXES, "program", "matrix"]
+             if name != "device" and getattr(args, name)]
+    if args.device.strip().lower() != "auto":
+        given.insert(0, f"--device {args.device}")
+    return given
+
+
 def _selected_cases(args: argparse.Namespace, runnable: bool = True) -> list[Case]:
     """The cases the filters (or --case ids) select.  With `runnable`, what this machine cannot run
     (cuda without a GPU, capture without cuda) is a UsageError; without, ids are only listed."""
     if args.case:
+        given = [flag for flag in _filters_given(args) if not flag.startswith("--device ")]
+        if given:
+            raise UsageError(f"--case names whole cases: leave out {given[0].split()[0]} (the filters select cases "
+                             "only without --case)")
+        twice = next((case_id for n, case_id in enumerate(args.case) if case_id in args.case[:n]), None)
+        if twice is not None:
+            raise UsageError(f"--case {twice} is given twice: each case runs once")
         cases = [parse_case_id(case_id) for case_id in args.case]
+        if args.device.strip().lower() != "auto":  # the id names the device: --device may only agree with it
+            devices = resolve_devices(args.device, require_visible=False)
+            other = next((c for c in cases if c.device.value not in devices), None)
+            if other is not None:
+                raise UsageError(f"--case {other.id} runs on {other.device.value}, which --device {args.device} "
+                                 "leaves out")
         if runnable:
             check_selection(cases, [c.device.value for c in cases])
         return cases
     filters: dict[str, Any] = {axis: getattr(args, axis) for axis in [*AXES, "program"]
                                if axis != "device" and getattr(args, axis)}
     filters["device"] = resolve_devices(args.device, require_visible=runnable)
-    cases = list(generate(args.matrix, **filters))
-    if not runnable:
-        return cases
-    known = {c.value for c in Capture}  # unknown values were refused by generate() above
-    captures = [Capture(v.strip()) for v in (args.capture or "").split(",") if v.strip() in known]
-    check_selection(cases, filters["device"], captures)
+    cases = list(generate(args.matrix or "default", **filters))
+    if runnable:  # what this machine cannot run says why first
+        known = {c.value for c in Capture}  # unknown values were refused by generate() above
+        captures = [Capture(v.strip()) for v in (args.capture or "").split(",") if v.strip() in known]
+        check_selection(cases, filters["device"], captures)
+    if not cases:
+        given = " ".join(_filters_given(args)) or "the default matrix"
+        raise UsageError(f"no case matches {given} (python -m harness list with fewer filters shows what there is)")
     return cases
 
 
@@ -96,7 +151,10 @@ def _parser() -> argparse.ArgumentParser:
     p_run.add_argument("--impl", action="append", default=[],
                        help="impl name(s) or module:factory; default bundled "
                             "(the names: python -m harness list --impls)")
-    p_run.add_argument("--report-dir", default=None, help="default: reports/<timestamp>-<pid>")
+    p_run.add_argument("--report-dir", default=None,
+                       help="default: reports/<timestamp>-<pid>; a folder that holds a report is refused "
+                            f"unless {reporting.REPLACE_FLAG}")
+    _add_replace(p_run)
     p_run.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
     p_run.add_argument("-q", "--quiet", action="store_true", help="print only the final counts")
     p_run.add_argument("--shard", default=None, metavar="I/N", help="run only shard I of N")
@@ -164,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
     p_fuzz.add_argument("--report-dir", default=None, metavar="DIR",
                         help="append every program's record to DIR/results.jsonl as it is judged and write a "
                              "report there at the end (also when stopped); default: no report")
+    _add_replace(p_fuzz)
     p_fuzz.add_argument("--no-database", dest="database", action="store_false",
                         help="no Hypothesis example database "
                              "(default: .hypothesis/harness-fuzz replays earlier failures first)")
@@ -189,6 +248,7 @@ def _parser() -> argparse.ArgumentParser:
     p_module.add_argument("--iterations", type=int, default=2, metavar="K")
     p_module.add_argument("--report-dir", default=None, metavar="DIR",
                           help="write the report (results.jsonl, summary.md, report.html, CSVs) there")
+    _add_replace(p_module)
     p_module.add_argument("--script", default=None, metavar="FILE",
                           help="also write a script that repeats these runs (it imports your factory)")
     p_module.add_argument("--allow-unsupported", action="store_true",
@@ -267,12 +327,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                            "refusing to run the CPU subset instead")
     cases = _selected_cases(args)
     targets = load_targets(args.impl, allow_unsupported=args.allow_unsupported)
-    entries = expectations_mod.load(args.expectations)
+    entries, problems = _load_expectations(args.expectations)
     shard = shards.parse_shard(args.shard) if args.shard else None
     if not math.isfinite(args.case_timeout) or args.case_timeout <= 0:
         raise UsageError(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
     report_dir = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
-    reporting.check_report_dir(report_dir)
+    reporting.check_report_dir(report_dir, replace=args.replace_report)
     work = [(t, c) for t in targets for c in cases if shards.in_shard(t.name, c.id, shard)]
     if not work:
         raise UsageError("no case to run: the filters and --shard select nothing")
@@ -285,14 +345,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     finished: dict[int, CaseRecord] = {}  # by position in `work`: the report's order whatever N
     interrupted, status = None, 0
     env = environment()
-    live = LiveResults(report_dir)  # every record on disk the moment it is judged
+    live = LiveResults(report_dir, replace=args.replace_report)  # every record on disk the moment it is judged
 
     def keep(index: int, worker: str, record: CaseRecord) -> None:
         stops.raise_if_stopped()  # the case may have caught the KeyboardInterrupt and gone on
         record.worker, record.env = worker, env
         finished[index] = record
-        live.append(record)
-        progress.update(record)
+        try:
+            _append_or_halt(live, record)  # on disk before the progress line says it was judged
+        finally:
+            progress.update(record)  # counted also when its write failed: the report keeps it
 
     pool = CasePool(slots, args.case_timeout) if args.isolate else None
     try:
@@ -302,10 +364,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             else:
                 for index, (target, case) in enumerate(work):
                     keep(index, "main", run_case(target, case, entries).record)
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (stops.Terminated)
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM (stops.Terminated), a failed write (stops.WriteFailed)
         interrupted = f"{stops.describe(stop)} after {len(finished)} of {len(work)} cases"
         status = stops.status(stop)
-        print(f"\n{interrupted}: writing the report of the finished cases", file=sys.stderr, flush=True)
+        if isinstance(stop, stops.WriteFailed):
+            print(f"error: {stop.message}; stopped after {len(finished)} of {len(work)} cases", file=sys.stderr,
+                  flush=True)
+        else:
+            print(f"\n{interrupted}: writing the report of the finished cases", file=sys.stderr, flush=True)
     finally:
         live.close()
         if pool is not None:
@@ -313,13 +379,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                 pool.close()
     records = [finished[index] for index in sorted(finished)]
     if interrupted and not records:
-        print(f"no case finished: nothing to report ({live.path} is empty)", file=sys.stderr)
+        kept = f"the report in {report_dir} is unchanged" if reporting.report_files_in(report_dir) else \
+            f"{report_dir} holds none"
+        print(f"no case finished: nothing to report ({kept})", file=sys.stderr)
         return status
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report of what finished
-        written = reporting.write(records, report_dir, env,
-                                  unmatched=expectations_mod.entry_problems(entries, impls.registered()),
-                                  interrupted=interrupted)
+        written, elsewhere = reporting.write_or_fallback(records, report_dir, env, unmatched=problems,
+                                                         interrupted=interrupted)
     progress.finish(written)
+    if elsewhere:
+        print(f"error: {elsewhere}; the report of the {len(records)} cases judged is in {written} instead",
+              file=sys.stderr)
+        return stops.WRITE_FAILED
     if interrupted:
         return status
     idle = [] if args.allow_unsupported else proved_nothing(targets, records)
@@ -408,7 +479,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     case = parse_case_id(args.case_id)
     check_selection([case], [case.device.value])
     [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
-    entries = expectations_mod.load(args.expectations)
+    entries, _ = _load_expectations(args.expectations, problems=False)
     if args.script:
         if getattr(target.adapter, "compiled", False):
             # The script re-implements the workload eagerly; it would reproduce another program.
@@ -436,7 +507,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         print(f"\nRNG timeline, reference vs checkpointed{note}:")
         print(timeline.render(timelines["reference"], timelines["checkpointed"], streams))
     if args.script:
-        Path(args.script).write_text(repro_script.render(case, args.impl))
+        reporting.write_output_file(args.script, repro_script.render(case, args.impl), "--script")
         print(f"\nstandalone script: {args.script} (python {args.script}; exit 1 when the mismatch reproduces)")
     return 1 if result.outcome.value in ("mismatch", "error", "crash", "timeout") else 0
 
@@ -456,7 +527,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
     [device] = resolve_devices(args.device)[:1]
-    entries = expectations_mod.load(args.expectations)
+    # the entries' problems only where a report shows them (computing them costs seconds before the first program)
+    entries, problems = _load_expectations(args.expectations, problems=bool(args.report_dir))
     if args.examples is not None and args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
@@ -471,7 +543,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.corpus and args.save:
         reporting.check_output_file(args.corpus, "--corpus")
     if args.report_dir:
-        reporting.check_report_dir(args.report_dir)
+        reporting.check_report_dir(args.report_dir, replace=args.replace_report)
     seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
     isolate = args.isolate  # on by default, as in every front (README, "Isolation")
@@ -490,14 +562,15 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
               " (not deterministic for a seed: --jobs 1 repeats a run)", flush=True)
     progress = FuzzProgress()
     env = environment()
-    live = LiveResults(args.report_dir) if args.report_dir else None  # each program's record as judged
+    # each program's record as judged
+    live = LiveResults(args.report_dir, replace=args.replace_report) if args.report_dir else None
     records: dict[str, CaseRecord] = {}  # by case id: a case run again (shrinking, a repeat) once
 
     def keep(record: CaseRecord) -> None:
         record.env = env
         records[record.case_id] = record
         if live is not None:
-            live.append(record)
+            _append_or_halt(live, record)
 
     try:
         with stops.stoppable():
@@ -519,23 +592,28 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 pool.close()
     progress.done()
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
-        return _fuzz_summary(args, target, found, list(records.values()), env, entries)
+        return _fuzz_summary(args, target, found, list(records.values()), env, problems)
 
 
 def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],
-                  env: dict[str, Any], entries: Any) -> int:
+                  env: dict[str, Any], problems: list[str]) -> int:
     """Print what a fuzz run found (and write its report with --report-dir); its exit status."""
     from . import fuzz
 
     stopped = found.stopped
-    if stopped is not None:
+    if isinstance(stopped, stops.WriteFailed):
+        print(f"\nerror: {stopped.message}; stopped after {found.tried} programs", file=sys.stderr, flush=True)
+    elif stopped is not None:
         print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
+    elsewhere = None
     if args.report_dir and records:
         interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
-        written = reporting.write(records, Path(args.report_dir), env,
-                                  unmatched=expectations_mod.entry_problems(entries, impls.registered()),
-                                  interrupted=interrupted)
+        written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), env, unmatched=problems,
+                                                         interrupted=interrupted)
         print(f"report:  {written}")
+        if elsewhere:
+            print(f"error: {elsewhere}; the report of the {len(records)} programs judged is in {written} instead",
+                  file=sys.stderr)
     counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
     rate = found.tried / found.seconds if found.seconds else 0.0
     summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
@@ -547,7 +625,7 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         noisy = f"; {found.noisy} failures not repeated bit for bit by a second run (nondeterministic " \
                 "attention backward), not counted" if found.noisy else ""
         print(f"no {'new ' if args.new_only else ''}failure in {summary}{known}{noisy}")
-        return stops.status(stopped) if stopped else 0
+        return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 0
     for number, finding in enumerate(found.findings, 1):
         _print_finding(finding, number, len(found.findings), target.name)
         if finding.run.record.verdict is not Verdict.FAIL:
@@ -561,7 +639,10 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         from ..model import corpus
 
         path = Path(args.corpus) if args.corpus else corpus.DEFAULT_PATH
-        added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
+        try:
+            added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
+        except OSError as exc:
+            raise reporting.ReportWriteError(f"cannot write --corpus {path}: {exc.strerror or exc}") from None
         print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
               "a known bug of an impl needs an entry in the expectations file too)")
     repeats = f", {found.repeats} more like them" if found.repeats else ""
@@ -570,7 +651,7 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     kinds = "new kind" if args.new_only else "kind"
     print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"
           f"{'s' if len(found.findings) > 1 else ''}){repeats} in {summary}{known}")
-    return stops.status(stopped) if stopped else 1
+    return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 1
 
 
 def _print_finding(finding: Any, number: int, total: int, impl: str) -> None:
@@ -650,7 +731,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--jobs: every count must be at least 1, got {args.jobs}")
     figures = bench.bench(target, device, total, matrix_wall=args.cases is None, jobs=jobs)
     print(bench.render(figures))
-    bench.write_json(figures, args.json)
+    reporting.write_output_file(args.json, bench.json_text(figures), "--json")
     print(f"figures: {args.json}")
     return 0
 
@@ -675,7 +756,7 @@ def cmd_module(args: argparse.Namespace) -> int:
         raise UsageError(f"--iterations must be at least 2 (the second shows what a leaked draw does next), "
                            f"got {args.iterations}")
     if args.report_dir:
-        reporting.check_report_dir(args.report_dir)
+        reporting.check_report_dir(args.report_dir, replace=args.replace_report)
     if args.script:
         reporting.check_output_file(args.script, "--script")
     if args.wrap and all(t.name == module_mode.AS_BUILT for t in targets):
@@ -699,16 +780,21 @@ def cmd_module(args: argparse.Namespace) -> int:
     counts = Counter(Verdict(r.verdict).value for r in records)
     if len(records) > 1:
         print(f"\n{len(records)} runs: " + ", ".join(f"{counts[v]} {v}" for v in reporting.VERDICTS if counts[v]))
+    elsewhere = None
     if args.report_dir:
-        written = reporting.write(records, Path(args.report_dir), environment())
+        written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), environment())
         print(f"report: {written}")
+        if elsewhere:
+            print(f"error: {elsewhere}; the report is in {written} instead", file=sys.stderr)
     if args.script:
         argv = [a for a in (args.raw_argv or []) if a]
-        Path(args.script).write_text(module_report.script(_without_outputs(argv)))
+        reporting.write_output_file(args.script, module_report.script(_without_outputs(argv)), "--script")
         print(f"script: {args.script} (python {args.script}; exit 1 when the divergence reproduces)")
     idle = proved_nothing(targets, records)
     for line in idle:
         print(f"error: {line}", file=sys.stderr)
+    if elsewhere:
+        return stops.WRITE_FAILED
     return 1 if counts["fail"] or idle else 0
 
 
@@ -722,6 +808,8 @@ def _without_outputs(argv: Sequence[str]) -> list[str]:
         if arg in ("--script", "--report-dir"):
             skip = True
             continue
+        if arg == reporting.REPLACE_FLAG:
+            continue
         if arg.startswith(("--script=", "--report-dir=")):
             continue
         out.append(arg)
@@ -729,9 +817,17 @@ def _without_outputs(argv: Sequence[str]) -> list[str]:
 
 
 def cmd_expectations(args: argparse.Namespace) -> int:
-    entries = expectations_mod.load(args.expectations)
+    entries, _ = _load_expectations(args.expectations, problems=False)
     if args.action == "explain":
         case = parse_case_id(args.case_id)
+        if ":" not in args.impl and args.impl not in impls.registered():
+            raise UsageError(f"--impl {args.impl!r} is no known implementation; the names: python -m harness list "
+                             "--impls (an import path pkg.mod:factory also counts)")
+        if args.version is not None:
+            try:
+                Version(args.version.strip())
+            except InvalidVersion:
+                raise UsageError(f"--version {args.version!r} is not a PEP 440 version (e.g. 2.11.0, 0.16.1)") from None
         found = expectations_mod.find(entries, args.impl, case, version=args.version)
         print(f"{args.impl} {case.id}: " + (f"claimed by {found.label}: expects {found.expected()}" if found
                                              else "no entry claims it: a failure is a failure, a pass a pass"))

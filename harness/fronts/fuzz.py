@@ -290,8 +290,6 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         stops.raise_if_stopped()  # Hypothesis or the case may have caught the KeyboardInterrupt
         done = run_case(target, case, entries, worker=worker)
         stops.raise_if_stopped()  # its result may be the interruption's doing (a killed worker)
-        if on_record is not None:
-            on_record(done.record)
         verdict = Verdict(done.record.verdict).value
         result.tried += 1
         if state["failed"]:
@@ -304,6 +302,8 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
             result.known[label] = result.known.get(label, 0) + 1
         elif verdict == "stale":  # an entry claims more than the bug: worth narrowing
             result.stale.append(f"{case.id} ({done.record.expected_entry or '?'})")
+        if on_record is not None:  # after the counts: a record whose write fails (a full disk) is counted too
+            on_record(done.record)
         if progress is not None:
             progress(result)
         if verdict not in failing:

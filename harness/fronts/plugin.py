@@ -19,6 +19,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--device", default="auto", metavar="DEV",
                     help="auto (cuda if available, else cpu), cpu, cuda, or a comma list")
     group.addoption("--report-dir", default=None, metavar="DIR",
-                    help="where the report goes (default: reports/<timestamp>-<pid>)")
+                    help="where the report goes (default: reports/<timestamp>-<pid>); a folder that holds a "
+                         f"report is refused unless {reporting.REPLACE_FLAG}")
+    group.addoption(reporting.REPLACE_FLAG, dest="replace_report", action="store_true", default=False,
+                    help="--report-dir may hold a report: this run replaces it (its files are removed at the "
+                         "first record)")
     group.addoption("--expectations", default=None, metavar="FILE",
                     help="expected-failures file (default: cases/expectations.toml)")
     group.addoption("--shard", default=None, metavar="I/N",
@@ -97,14 +102,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run an impl named by --impl even when its package cannot load (every case unsupported)")
 
 
+def _option_problem(config: pytest.Config) -> str | None:
+    """What is wrong with a harness option's value alone, one line (None when nothing)."""
+    per_gpu = config.getoption("workers_per_gpu")
+    if per_gpu is not None and per_gpu < 1:
+        return f"--workers-per-gpu must be at least 1, got {per_gpu}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """Refuse a bad option value in one line (exit 2) before xdist starts workers: `-n auto` asks
+    `pytest_xdist_auto_num_workers` inside xdist's own cmdline_main, where an exit is a traceback."""
+    problem = _option_problem(config)
+    if problem is None:
+        return None
+    print(f"error: {problem}", file=sys.stderr)
+    return 2
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto` for CUDA cases: `--workers-per-gpu` (or `gpus.default_workers_per_gpu`) xdist
     workers on every visible GPU; they share each GPU (`gpus.pin_worker`).  None where no case
     runs on CUDA: xdist's own count (the cores) applies."""
     per_gpu = config.getoption("workers_per_gpu")
-    if per_gpu is not None and per_gpu < 1:
-        pytest.exit(f"error: --workers-per-gpu must be at least 1, got {per_gpu}", returncode=2)
+    if _option_problem(config):  # refused by pytest_cmdline_main; here only if xdist asked first
+        raise pytest.UsageError(_option_problem(config))
     try:
         devices = resolve_devices(config.getoption("device"))
     except UsageError:
@@ -144,8 +168,9 @@ def pytest_configure(config: pytest.Config) -> None:
         entries = expectations_mod.load(config.getoption("expectations"))
         shard = config.getoption("shard")
         config._harness_shard = shards.parse_shard(shard) if shard else None  # type: ignore[attr-defined]
+        expectations_mod.check_impls(entries, impls.registered(), config.getoption("expectations"))
         if workerinput is None and config.getoption("report_dir"):
-            reporting.check_report_dir(config.getoption("report_dir"))
+            reporting.check_report_dir(config.getoption("report_dir"), replace=config.getoption("replace_report"))
         timeout = config.getoption("case_timeout")
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
             raise CaseError(f"--case-timeout must be a positive number of seconds, got {timeout:g}")
@@ -295,13 +320,16 @@ class ReportCollector:
                     self._keep(record)
 
     def _keep(self, record: CaseRecord) -> None:
-        """Append the record to the report directory's results.jsonl now (a killed run keeps it)."""
+        """Append the record to the report directory's results.jsonl now (a killed run keeps it).
+        A write that fails (a full disk) stops the session as SIGTERM would (`stops.WriteFailed`):
+        the records judged are kept and reported where they can be, exit status 2."""
+        if self.live is None:
+            self.live = LiveResults(self.target(), replace=self.config.getoption("replace_report"))
         try:
-            if self.live is None:
-                self.live = LiveResults(self.target())
             self.live.append(record)
-        except (reporting.ReportError, OSError):
-            pass  # the final write reports an unwritable directory, once
+        except reporting.ReportWriteError as exc:
+            self.stopped_by = stops.WriteFailed(str(exc))
+            raise self.stopped_by from None
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -320,17 +348,20 @@ class ReportCollector:
             return
         try:
             with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost the report
-                written = reporting.write(list(self.records.values()), self.target(), environment(),
-                                          interrupted=interrupted,
-                                          unmatched=expectations_mod.entry_problems(
-                                              self.config._harness_expectations,  # type: ignore[attr-defined]
-                                              impls.registered()))
+                written, elsewhere = reporting.write_or_fallback(
+                    list(self.records.values()), self.target(), environment(), interrupted=interrupted,
+                    unmatched=expectations_mod.entry_problems(
+                        self.config._harness_expectations,  # type: ignore[attr-defined]
+                        impls.registered()))
         except reporting.ReportError as exc:
             self.line = f"harness report NOT written: {exc}"
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
             return
         what = f", {interrupted}" if interrupted else ""
         self.line = f"harness report: {written} ({len(self.records)} cases{what})"
+        if elsewhere:
+            self.line += f"\nharness error: {elsewhere}; the report is in {written} instead"
+            session.exitstatus = stops.WRITE_FAILED
         targets = list(self.config._harness_impls.values())  # type: ignore[attr-defined]
         idle = [] if interrupted or self.config.getoption("allow_unsupported") else \
             proved_nothing(targets, self.records.values())

@@ -161,13 +161,16 @@ def load(name: str) -> Adapter:
 
 
 def parse_impl_names(values: list[str] | str | None, default: str = "bundled") -> list[str]:
-    """Flatten repeatable / comma-separated impl options into a de-duplicated list of names."""
+    """Flatten repeatable / comma-separated impl options into a de-duplicated list of names (`default`
+    when none is given); a value that names nothing (``--impl ''``) raises ImplError."""
     if not values:
         return [default]
     if isinstance(values, str):
         values = [values]
     names: list[str] = []
     for value in values:
+        if not value.replace(",", "").strip():  # `--impl ''`: a name left out, not a request for the default
+            raise ImplError(f"--impl {value!r} names no implementation; the names: python -m harness list --impls")
         for name in value.split(","):
             name = name.strip()
             if name == "all":

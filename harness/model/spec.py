@@ -229,7 +229,12 @@ def parse_program(name: str) -> Tree:
         return parse_spec(name)
     parts = name.strip().split(".")
     if len(parts) == 1:
-        return Program(*CLASSIC, parse_factor("nesting", parts[0]))  # type: ignore[arg-type]
+        try:
+            return Program(*CLASSIC, parse_factor("nesting", parts[0]))  # type: ignore[arg-type]
+        except ProgramError:
+            raise ProgramError(f"unknown program {name.strip()!r}: a program is a nesting "
+                               f"({', '.join(n.value for n in Nesting)}), {'.'.join(FACTORS)} "
+                               "(e.g. rand.bf16.odd.keyword.deep) or a spec (e.g. '(native_dropout+rand)')") from None
     if len(parts) != len(FACTORS):
         raise ProgramError(f"bad program {name!r}: expected a nesting ({', '.join(n.value for n in Nesting)}) "
                            f"or {'.'.join(FACTORS)} (e.g. rand.bf16.odd.keyword.deep)")

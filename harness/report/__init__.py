@@ -47,8 +47,9 @@ from .model import RunModel, build
 
 __all__ = [
     "FAILED_OUTCOMES", "MAX_MISMATCH_LINES", "OUTCOMES", "REPORT_FILES", "STATUSES", "STEP_SUMMARY_LIMIT",
-    "VERDICTS", "ReportError", "RunModel", "append_step_summary", "build", "check_report_dir",
-    "default_report_dir", "env_key", "junit_properties",
+    "REPLACE_FLAG", "VERDICTS", "ReportError", "ReportWriteError", "RunModel", "append_step_summary", "build",
+    "check_report_dir", "clear_report", "default_report_dir", "env_key", "junit_properties", "report_files_in",
+    "write_output_file", "write_or_fallback",
     "matrix_markdown", "mismatches_frame", "record_key", "record_verdict", "render", "repro_command",
     "results_frame", "status", "step_summary_markdown", "summary_markdown", "verdict",
     "write",
@@ -60,6 +61,11 @@ REPORT_FILES = ("summary.md", "report.html", "cases.csv", "mismatches.csv", "res
 
 class ReportError(UsageError, OSError):
     """The report directory is unusable, or there is nothing to report; one line for the user."""
+
+
+class ReportWriteError(ReportError):
+    """A write into the report directory failed after the up-front checks (a full disk, the folder
+    removed under the run): one line naming the file and the reason."""
 
 
 def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:
@@ -92,15 +98,50 @@ def default_report_dir(root: "str | Path" = "reports") -> Path:
     return Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def check_report_dir(path: "str | Path") -> None:
-    """Raise ReportError when `path` cannot become a writable report directory.  Checked before any
-    case runs, by making it (and its parents) and writing a file there: permission bits alone do
-    not tell (root under /proc, a read-only mount)."""
+REPLACE_FLAG = "--replace-report"
+
+
+def report_files_in(path: "str | Path") -> list[str]:
+    """The report files (`REPORT_FILES`) that `path` holds now, in that order."""
+    path = Path(path)
+    return [name for name in REPORT_FILES if (path / name).is_file()] if path.is_dir() else []
+
+
+def check_report_dir(path: "str | Path", *, replace: bool = False, flag: str = REPLACE_FLAG) -> None:
+    """Raise ReportError when `path` cannot become a writable report directory, or already holds a
+    report and `replace` is false (a new run would overwrite it: `flag` is how to ask for that).
+    Checked before any case runs, by making it (and its parents) and writing a file there:
+    permission bits alone do not tell (root under /proc, a read-only mount)."""
     path = Path(path)
     existing = next((p for p in [path, *path.parents] if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise ReportError(f"report directory {path} is unusable: {existing} is not a directory")
+    held = report_files_in(path)
+    if held and not replace:
+        raise ReportError(f"report directory {path} already holds a report ({', '.join(held)}): choose another "
+                          f"directory, or pass {flag} to replace it")
     _try_writing(path, f"report directory {path}")
+
+
+def clear_report(path: "str | Path") -> None:
+    """Remove the report files `path` holds (a run that replaces a report, at its first record):
+    the folder then never shows the old views beside the new run's results."""
+    for name in report_files_in(path):
+        try:
+            (Path(path) / name).unlink()
+        except OSError as exc:
+            raise ReportWriteError(f"cannot replace the report in {path}: cannot remove {name}: "
+                              f"{exc.strerror or exc}") from None
+
+
+def write_output_file(path: "str | Path", text: str, what: str) -> None:
+    """Write `text` to the output file `path` (e.g. --script); a write that fails (a full disk, a
+    device that refuses it) is a ReportError naming `what`, the file and the reason, not a
+    traceback."""
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise ReportError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
 
 
 def check_output_file(path: "str | Path", what: str) -> None:
@@ -225,21 +266,45 @@ def write(records: "Iterable[CaseRecord | dict[str, Any]]", report_dir: "str | P
     return report_dir
 
 
+def write_or_fallback(records: "Sequence[CaseRecord | dict[str, Any]]", report_dir: "str | Path",
+                      env: dict[str, Any] | None = None, *, unmatched: Sequence[str] | None = None,
+                      interrupted: str | None = None, step_summary: bool = True) -> tuple[Path, str | None]:
+    """`write` into `report_dir`; where writing there fails (`ReportWriteError`: a full disk, the
+    folder gone), into a new folder under the system's temporary directory instead, so the report
+    of what was judged is kept where it can be.  Returns the folder written and, after a fallback,
+    the line saying why `report_dir` was not (None when it was).  Raises ReportWriteError when
+    neither can be written, naming both."""
+    try:
+        return write(records, report_dir, env, unmatched=unmatched, interrupted=interrupted,
+                     step_summary=step_summary), None
+    except ReportWriteError as first:
+        try:
+            fallback = Path(tempfile.mkdtemp(prefix="harness-report-"))
+        except OSError as exc:
+            raise ReportWriteError(f"{first}; nor in a temporary folder: {exc.strerror or exc}") from None
+        try:
+            return write(records, fallback, env, unmatched=unmatched, interrupted=interrupted,
+                         step_summary=step_summary), str(first)
+        except ReportWriteError as second:
+            raise ReportWriteError(f"{first}; nor in {fallback}: {second}") from None
+
+
 def _prepare(report_dir: Path) -> None:
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ReportError(f"cannot create report directory {report_dir}: {exc.strerror or exc}") from None
+        raise ReportWriteError(f"cannot create report directory {report_dir}: {exc.strerror or exc}") from None
     if not os.access(report_dir, os.W_OK):
-        raise ReportError(f"report directory {report_dir} is not writable")
+        raise ReportWriteError(f"report directory {report_dir} is not writable")
 
 
 def _commit(report_dir: Path, files: dict[str, str]) -> None:
     """Write each file to a temporary name in `report_dir`, then move them all into place."""
     temps: list[tuple[str, Path]] = []
-    replaced = 0
+    replaced, current = 0, "its files"
     try:
         for name, text in files.items():
+            current = name
             fd, tmp = tempfile.mkstemp(dir=report_dir, prefix=f".{name}.", suffix=".tmp")
             temps.append((tmp, report_dir / name))
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
@@ -252,8 +317,10 @@ def _commit(report_dir: Path, files: dict[str, str]) -> None:
             os.replace(tmp, final)
             replaced += 1
     except OSError as exc:
-        kept = "the previous report there is unchanged" if not replaced else "it may be incomplete"
-        raise ReportError(f"cannot write the report into {report_dir}: {exc.strerror or exc}; {kept}") from None
+        kept = "no file there was replaced" if not replaced else "some of its files were replaced"
+        name = current if not replaced else "moving the files into place"
+        raise ReportWriteError(f"cannot write the report into {report_dir} ({name}): {exc.strerror or exc}; "
+                               f"{kept}") from None
     finally:
         for tmp, _ in temps[replaced:]:
             Path(tmp).unlink(missing_ok=True)

@@ -21,10 +21,20 @@ from typing import Any, Iterator
 
 INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
 TERMINATED = 143  # ... and by SIGTERM
+WRITE_FAILED = 2  # the harness's status for a tool error (bad input, a write that failed)
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived while cases ran."""
+
+
+class WriteFailed(KeyboardInterrupt):
+    """A judged record could not be written (a full disk): the run stops the way a signal stops
+    it, so the code that keeps what finished and writes its report does so here too; exit 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 def _main_thread() -> bool:
@@ -61,6 +71,13 @@ def stopped() -> BaseException | None:
     return _stopped[0] if _stopped else None
 
 
+def halt(stop: KeyboardInterrupt) -> None:
+    """Stop the current `stoppable` block with `stop` (e.g. `WriteFailed`): raised now and again
+    by every later `raise_if_stopped`, as a signal would be."""
+    _stopped[:] = [stop]
+    raise stop
+
+
 def raise_if_stopped() -> None:
     """Raise the stop that arrived inside the current `stoppable` block again, if one did (the
     code it interrupted may have caught it and gone on)."""
@@ -83,10 +100,14 @@ def shielded() -> Iterator[None]:
 
 
 def status(stop: BaseException) -> int:
-    """The exit status for a run stopped by `stop` (143 after SIGTERM, else 130)."""
+    """The exit status for a run stopped by `stop` (143 after SIGTERM, 2 after a failed write, else 130)."""
+    if isinstance(stop, WriteFailed):
+        return WRITE_FAILED
     return TERMINATED if isinstance(stop, Terminated) else INTERRUPTED
 
 
 def describe(stop: BaseException) -> str:
-    """'terminated (SIGTERM)' or 'interrupted' for the report's marker."""
+    """'terminated (SIGTERM)', 'stopped (<the write that failed>)' or 'interrupted' for the report's marker."""
+    if isinstance(stop, WriteFailed):
+        return f"stopped ({stop.message})"
     return "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"

@@ -390,6 +390,26 @@ def conflicts(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[str]
     return lines
 
 
+def unknown_impl(entries: Iterable[Expectation], known_impls: Iterable[str]) -> list[Expectation]:
+    """Entries whose impl (a name or an fnmatch pattern) matches none of `known_impls`: they can
+    never apply (an import path ``pkg.mod:factory`` counts as known)."""
+    known = set(known_impls)
+    return [e for e in entries if ":" not in e.impl and not any(fnmatch.fnmatchcase(k, e.impl) for k in known)]
+
+
+def check_impls(entries: Iterable[Expectation], known_impls: Iterable[str], path: "str | Path | None" = None) -> None:
+    """Raise ExpectationError, one line, when an entry names an impl no implementation matches: an
+    entry that can never apply is a typo the run would otherwise pass over in silence."""
+    unknown = unknown_impl(entries, known_impls)
+    if unknown:
+        first = unknown[0]
+        more = f" (and {len(unknown) - 1} more entries)" if len(unknown) > 1 else ""
+        entry = f"entry {first.number}" + (f" ({first.name})" if first.name else "")
+        raise ExpectationError(f"expectations file {path or DEFAULT_PATH}: {entry} names impl {first.impl!r}, "
+                               f"which matches no known implementation{more}; the names: python -m harness list "
+                               "--impls (an import path pkg.mod:factory also counts)")
+
+
 def entry_problems(entries: Iterable[Expectation], known_impls: Iterable[str],
                    case_ids: Iterable[Any] | None = None) -> list[str]:
     """One line per entry that can never apply, or applies where another entry does too: its impl
@@ -398,11 +418,9 @@ def entry_problems(entries: Iterable[Expectation], known_impls: Iterable[str],
     of its impl claims with another expected failure (`conflicts`).  `known_impls`: the
     registered names (`impls.registered()`); `case_ids` default: every generated case (default
     matrices, CPU and CUDA)."""
-    known = set(known_impls)
     cases = list(generate()) if case_ids is None else list(case_ids)
     entries = list(entries)
-    lines = [f"impl matches no known implementation: {e.describe()}"
-             for e in entries if ":" not in e.impl and not any(fnmatch.fnmatchcase(k, e.impl) for k in known)]
+    lines = [f"impl matches no known implementation: {e.describe()}" for e in unknown_impl(entries, known_impls)]
     lines += [f"cases match no case: {e.describe()}" for e in unmatched(entries, cases)]
     lines += conflicts(entries, cases)
     return lines
