@@ -18,6 +18,11 @@ from typing import Any, Iterable, Mapping
 
 from .errors import UsageError
 
+# The start of the error of a case whose exception never passed through the impl's code: a bug of
+# the harness (or torch raising in the harness's own calls).  `execution` fails such a case
+# whatever the expectations say, and the audit counts it for no entry: it is no verdict on the impl.
+OUTSIDE_IMPL = "raised outside the impl (a harness bug, or torch in the harness's own code): "
+
 
 class Outcome(str, enum.Enum):
     """What happened to one case (before any expectation is consulted)."""

@@ -11,6 +11,8 @@ finished is written, marked interrupted (a second Ctrl-C does not stop that).
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import math
 import os
 import sys
@@ -60,7 +62,7 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
                         help="only these programs (e.g. flat, rand.bf16.odd.keyword.deep)")
     parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda, or a comma list")
     parser.add_argument("--case", action="append", default=[], metavar="ID",
-                        help="run exactly this case id (repeatable); overrides the axis filters")
+                        help="run exactly this case id (repeatable, each once; not with the filters above)")
 
 
 def _add_replace(parser: argparse.ArgumentParser) -> None:
@@ -278,7 +280,17 @@ def _parser() -> argparse.ArgumentParser:
     p_conflicts = exp_sub.add_parser("conflicts", help="cases of the default matrices that two entries of one impl "
                                                        "claim with different failures (exit 1 when any)")
     p_conflicts.add_argument("--device", default="cpu,cuda", help="the matrices to look in (default cpu,cuda)")
-    for p in (p_explain, p_conflicts):
+    p_audit = exp_sub.add_parser("audit", help="replay results files against the expectations: per entry the cases it "
+                                               "claims rightly, stale, wrong, and the failures it misses (exit 1 on "
+                                               "any wrong claim)")
+    p_audit.add_argument("results", nargs="+", metavar="RESULTS",
+                         help="a report directory or a results .jsonl file (matrix, fuzz, merged; any machine)")
+    p_audit.add_argument("--examples", action="store_true",
+                         help="also list up to 3 case ids of every stale, wrong and missed kind, and every new failure")
+    p_audit.add_argument("--keep", metavar="FILE.jsonl.gz", default=None,
+                         help="also write the records read, reduced to what the audit reads and gzipped: the form "
+                              "cases/records/ keeps as data")
+    for p in (p_explain, p_conflicts, p_audit):
         p.add_argument("--expectations", default=None, metavar="FILE",
                        help="expectations file (default cases/expectations.toml)")
 
@@ -834,6 +846,8 @@ def cmd_expectations(args: argparse.Namespace) -> int:
         lines = expectations_mod.explain(entries, args.impl, case, version=args.version)
         print("\n".join(lines) if lines else f"  (no entry names {args.impl})")
         return 0
+    if args.action == "audit":
+        return _audit(args, entries)
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
     bad = [d for d in devices if d not in ("cpu", "cuda")]
     if bad:
@@ -841,6 +855,41 @@ def cmd_expectations(args: argparse.Namespace) -> int:
     lines = expectations_mod.conflicts(entries, [c for d in devices for c in generate(device=d)])
     print("\n".join(lines) if lines else "no conflicts")
     return 1 if lines else 0
+
+
+def _audit(args: argparse.Namespace, entries: list[Any]) -> int:
+    """`expectations audit`: the table of `verdict.audit` over every record of the files given."""
+    from tabulate import tabulate
+
+    from ..verdict import audit
+
+    if args.keep:
+        if not args.keep.endswith(".jsonl.gz"):
+            raise UsageError(f"--keep {args.keep}: the file's name must end in .jsonl.gz (it is written gzipped)")
+        reporting.check_output_file(args.keep, "--keep")
+    records = [record for location in args.results for record in report_cli.read_nonempty(location)]
+    found = audit.audit(records, entries)
+    if args.keep:
+        text = "".join(json.dumps(audit.essentials(r), sort_keys=True) + "\n" for r in records)
+        try:
+            Path(args.keep).write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))  # mtime 0: same bytes each time
+        except OSError as exc:
+            raise reporting.ReportWriteError(f"cannot write --keep {args.keep}: {exc.strerror or exc}") from None
+    rows = found.rows()
+    if rows:
+        print(tabulate(rows, headers="keys", tablefmt="github"))
+    if args.examples:
+        lines = found.examples() + [f"new    {line}" for line in found.new]
+        if lines:
+            print("\n" + "\n".join(lines))
+    apart = ", ".join(f"{n} {why}" for why, n in sorted(found.not_judged.items()))
+    claimed = sum(row["claimed"] for row in rows)
+    missed = sum(row["missed"] for row in rows)
+    print(f"\n{found.records} records: {claimed} claimed by {sum(1 for r in rows if r['claimed'])} entries, "
+          f"{found.wrong_claims} wrongly (stale or wrong); {missed} failures missed by an entry expecting them; "
+          f"{len(found.new)} new failures no entry explains; {found.unclaimed_passes} passes no entry claims"
+          + (f"; not judged: {apart}" if apart else ""))
+    return 1 if found.wrong_claims else 0
 
 
 COMMANDS: dict[str, Any] = {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,

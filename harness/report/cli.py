@@ -14,6 +14,7 @@ record contract, an empty report, an unwritable output) is a `UsageError`: one l
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -26,13 +27,14 @@ from . import merge as report_merge
 
 
 def results_path(location: "str | Path") -> Path:
-    """DIR/results.jsonl for a report directory; a path to a .jsonl file as it is."""
+    """DIR/results.jsonl for a report directory; a path to a .jsonl (or gzipped .jsonl.gz) file as it is."""
     location = Path(location)
-    return location if location.suffix == ".jsonl" and not location.is_dir() else location / "results.jsonl"
+    is_file = location.name.endswith((".jsonl", ".jsonl.gz")) and not location.is_dir()
+    return location if is_file else location / "results.jsonl"
 
 
 def read_results(directory: "str | Path", *, partial: bool = False) -> list[dict[str, Any]]:
-    """Every record of DIR/results.jsonl (or of a .jsonl file given directly).
+    """Every record of DIR/results.jsonl (or of a .jsonl or .jsonl.gz file given directly).
 
     A missing or unreadable file, a line that is not a JSON object (corrupt, or truncated by a job
     that died mid-write) or a record that breaks the record contract (`record_problem`) is a
@@ -46,9 +48,9 @@ def read_results(directory: "str | Path", *, partial: bool = False) -> list[dict
         raise UsageError(f"no results.jsonl in {where}" if source.name == "results.jsonl"
                            else f"no such results file: {where}")
     try:
-        raw = source.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
+        raw = gzip.decompress(source.read_bytes()) if source.name.endswith(".gz") else source.read_bytes()
+    except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
+        raise UsageError(f"cannot read {source}: {getattr(exc, 'strerror', None) or exc}") from None
     records = []
     lines = raw.split(b"\n")
     for number, line in enumerate(lines, start=1):

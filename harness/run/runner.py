@@ -19,7 +19,7 @@ from ..check.reference import check_reference
 from ..errors import HarnessError
 from ..model import ops
 from ..model.cases import Case, Device, Interleave, Layout, Mode, parse_case_id
-from ..results import CaseRecord, Mismatch, Outcome
+from ..results import OUTSIDE_IMPL, CaseRecord, Mismatch, Outcome
 from . import ambient
 from .capture import execute
 from .compiled import run_compiled
@@ -283,10 +283,6 @@ def declared_unsupported(impl: Any, name: str, case: Case) -> str | None:
     return answer or None
 
 
-# The start of the error of a case whose exception never passed through the impl's code: a bug of
-# the harness (or torch raising in the harness's own calls).  `execution` fails such a case
-# whatever the expectations say: it is no verdict on the impl.
-OUTSIDE_IMPL = "raised outside the impl (a harness bug, or torch in the harness's own code): "
 # The harness's own code: a frame here is not the impl's (impls/ and checkpoint/ are impls' code).
 _CORE = tuple(str(Path(__file__).resolve().parents[1] / part) + os.sep for part in ("run", "check", "model"))
 _TORCH = str(Path(torch.__file__).resolve().parent) + os.sep

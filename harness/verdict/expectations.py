@@ -327,16 +327,18 @@ def _entries(raw: Any, where: str, number: int = 0) -> list[Expectation]:
 
 
 def find(
-    entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None
+    entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None,
+    torch_version: "str | None" = None,
 ) -> Expectation | None:
     """The first entry expecting `impl` (at `version`) to fail `case` (a `Case` or a case id),
     or None.
 
     `version` is the impl's version (`adapter.version`); entries with a `versions` range match
     only when it is known and in range, entries without one match whatever it is.
+    `torch_version`: the torch the case ran on, for `torch` ranges (default this process's).
     """
     for entry in entries:
-        if entry.matches(impl, case) and entry.applies_to(version):
+        if entry.matches(impl, case) and entry.applies_to(version, torch_version):
             return entry
     return None
 

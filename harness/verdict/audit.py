@@ -1,0 +1,166 @@
+"""The expectations file against recorded results: which entry claims what rightly, what wrongly,
+and which failures it misses (issue 40, item 2).
+
+Nothing is rerun.  Every record of a matrix or fuzz run (results.jsonl, from any machine, merged or
+not) is judged again under the expectations as they are now: its case is looked up for its impl, at
+the impl version and on the torch it ran with (the record's `impl_version` and ``env.torch``), and
+its recorded outcome, fired oracles and error are held against the entry that claims it.  Per entry:
+
+- **right**: the entry claims the case and the case did what it says (the failure it names, or a
+  pass for an entry that expects one);
+- **stale**: the entry expects a failure and the case passed (it claims a cell where its bug
+  cannot show);
+- **wrong**: the entry claims the case and the case failed otherwise (another outcome, another
+  oracle, another error), or failed where the entry expects a pass;
+- **missed**: no entry claims the case, it failed, and this entry (of the same impl, applying to
+  that version and torch) expects exactly that failure: the bug it names, shown where its cases do
+  not reach.  (Until known bugs are models, "would explain" means "expects this failure": its
+  outcome, its oracles among those that fired, its message; of several, the one naming the most
+  oracles is charged, the first in the file among equals.)
+
+A failure no entry claims or would explain is **new**.  Unsupported and skipped cases, records that
+are not matrix or fuzz cases (module mode), and errors raised outside the impl (`OUTSIDE_IMPL`) are
+counted apart and judged for no entry.  A wrong claim (stale or wrong) fails the audit.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..model.cases import CaseError, parse_case_id
+from ..results import OUTSIDE_IMPL
+from .expectations import Expectation, find, judge
+
+EXAMPLES = 3  # case ids shown per entry and kind
+
+
+@dataclass
+class EntryAudit:
+    """What one entry (for one impl) claimed in the records, with a few case ids of each kind."""
+
+    impl: str
+    label: str
+    number: int
+    right: int = 0
+    stale: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)
+
+    @property
+    def claimed(self) -> int:
+        return self.right + len(self.stale) + len(self.wrong)
+
+
+@dataclass
+class Audit:
+    """The audit of a set of records: per entry, and what no entry covers."""
+
+    records: int = 0
+    entries: dict[tuple[str, int, str], EntryAudit] = field(default_factory=dict)
+    new: list[str] = field(default_factory=list)  # "impl case_id: outcome" of failures nothing explains
+    unclaimed_passes: int = 0
+    not_judged: dict[str, int] = field(default_factory=dict)  # why -> count
+
+    @property
+    def wrong_claims(self) -> int:
+        """Stale and wrong claims in all: what fails the audit."""
+        return sum(len(e.stale) + len(e.wrong) for e in self.entries.values())
+
+    def entry(self, impl: str, entry: Expectation) -> EntryAudit:
+        key = (impl, entry.number, entry.label)
+        if key not in self.entries:
+            self.entries[key] = EntryAudit(impl, entry.label, entry.number)
+        return self.entries[key]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per entry that claimed or missed a record, in file order: the audit's table."""
+        rows = []
+        for (impl, number, label), found in sorted(self.entries.items(), key=lambda item: (item[0][1], item[0][0])):
+            rows.append({"entry": f"{number}: {label}", "impl": impl, "claimed": found.claimed, "right": found.right,
+                         "stale": len(found.stale), "wrong": len(found.wrong), "missed": len(found.missed)})
+        return rows
+
+    def examples(self) -> list[str]:
+        """A few case ids of every stale, wrong and missed kind, one line each."""
+        lines = []
+        for (impl, number, label), found in sorted(self.entries.items(), key=lambda item: (item[0][1], item[0][0])):
+            for kind, cases in (("stale", found.stale), ("wrong", found.wrong), ("missed", found.missed)):
+                for case in cases[:EXAMPLES]:
+                    lines.append(f"{kind:6} {number}: {label} ({impl}): {case}")
+                if len(cases) > EXAMPLES:
+                    lines.append(f"{kind:6} {number}: {label} ({impl}): ... {len(cases) - EXAMPLES} more")
+        return lines
+
+
+# What the audit reads of a record (and what a reader needs to find the case again): the rest
+# (tracebacks, timings, the verdict's texts) is left out of the records kept as data.
+KEPT = ("case_id", "impl", "impl_version", "outcome", "error", "reason", "verdict", "expected_entry")
+KEPT_MISMATCH = ("oracle", "subject", "iteration", "count", "total")
+KEPT_ENV = ("torch", "gpu", "cuda")
+
+
+def essentials(record: Mapping[str, Any]) -> dict[str, Any]:
+    """`record` reduced to what the audit reads: the form cases/records/ keeps (a few hundred
+    bytes a case instead of kilobytes), still a valid record."""
+    kept = {key: record[key] for key in KEPT if record.get(key) not in (None, "")}
+    kept["mismatches"] = [{k: m[k] for k in KEPT_MISMATCH if k in m} for m in record.get("mismatches") or []]
+    kept["env"] = {k: v for k, v in (record.get("env") or {}).items() if k in KEPT_ENV}
+    return kept
+
+
+def _failure(record: Mapping[str, Any], fired: Sequence[str]) -> str:
+    outcome = record.get("outcome", "")
+    if outcome == "mismatch":
+        return f"mismatch ({', '.join(fired)})"
+    first = (record.get("error") or "").strip().splitlines()
+    return f"{outcome}: {first[0][:160]}" if first else outcome
+
+
+def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation]) -> Audit:
+    """Judge every record again under `entries` and count, per entry, the claims it gets right,
+    the stale and wrong ones, and the failures it misses (module docstring)."""
+    result = Audit()
+    for record in records:
+        result.records += 1
+        impl, outcome = str(record.get("impl", "")), str(record.get("outcome", ""))
+        error = record.get("error") or ""
+        try:
+            case = parse_case_id(str(record.get("case_id", "")))
+        except CaseError:
+            result.not_judged["not a matrix or fuzz case (module mode)"] = \
+                result.not_judged.get("not a matrix or fuzz case (module mode)", 0) + 1
+            continue
+        if outcome in ("unsupported", "skipped"):
+            result.not_judged[outcome] = result.not_judged.get(outcome, 0) + 1
+            continue
+        if outcome == "error" and error.startswith(OUTSIDE_IMPL):
+            result.not_judged["raised outside the impl"] = result.not_judged.get("raised outside the impl", 0) + 1
+            continue
+        fired = list(dict.fromkeys(m.get("oracle", "") for m in record.get("mismatches") or []))
+        version = record.get("impl_version")
+        torch_version = (record.get("env") or {}).get("torch")
+        shown = f"{record.get('case_id')}: {_failure(record, fired) if outcome != 'pass' else 'pass'}"
+        entry = find(entries, impl, case, version=version, torch_version=torch_version)
+        verdict = judge(outcome, fired, error, entry, impl=impl).verdict
+        if entry is not None:
+            found = result.entry(impl, entry)
+            if verdict in ("pass", "xfail"):
+                found.right += 1
+            elif verdict == "stale":
+                found.stale.append(shown)
+            else:
+                found.wrong.append(shown)
+            continue
+        if verdict == "pass":
+            result.unclaimed_passes += 1
+            continue
+        explaining = [e for e in entries if fnmatch.fnmatchcase(impl, e.impl) and not e.expects_pass
+                      and e.applies_to(version, torch_version) and e.explains(outcome, fired, error)]
+        if not explaining:
+            result.new.append(f"{impl} {shown}")
+        else:  # the entry that says most about this failure (most oracles; the first in the file of those)
+            most = max(len(e.oracles) for e in explaining)
+            result.entry(impl, next(e for e in explaining if len(e.oracles) == most)).missed.append(shown)
+    return result

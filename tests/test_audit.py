@@ -1,0 +1,139 @@
+"""`python -m harness expectations audit`: recorded results judged again under the expectations
+file, per entry right, stale, wrong and missed (issue 40, item 2), and the committed records of
+both machines audited clean."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.fronts.cli import main
+from harness.results import OUTSIDE_IMPL, CaseRecord
+from harness.verdict import audit, expectations
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = sorted((ROOT / "cases" / "records").glob("*.jsonl.gz"))
+
+ENTRIES = """
+[[expect]]
+name = "bug-a"
+impl = "torch"
+layout = "tracked"
+oracles = ["gradient"]
+reason = "r"
+
+[[expect]]
+name = "bug-b"
+impl = "torch"
+mode = "reentrant"
+layout = "default"
+outcome = "error"
+message = "^ValueError"
+reason = "r"
+"""
+
+
+def record(case_id: str, outcome: str, oracles: tuple[str, ...] = (), error: str = "", impl: str = "torch") -> dict:
+    data = {"impl": impl, "case_id": case_id, "outcome": outcome, "error": error, "env": {"torch": "2.13.0"},
+            "mismatches": [{"oracle": oracle, "subject": "s0", "iteration": 0, "count": 1, "total": 4}
+                           for oracle in oracles]}
+    return CaseRecord.from_json(data).to_json()
+
+
+RECORDED = [
+    record("nonreentrant-tracked-eager-flat-none-cpu", "mismatch", ("gradient", "live-stream")),  # bug-a right
+    record("reentrant-tracked-eager-flat-none-cpu", "pass"),  # bug-a stale
+    record("nonreentrant-tracked-eager-nested-none-cpu", "error", error="TypeError: x"),  # bug-a wrong
+    record("nonreentrant-default-eager-flat-none-cpu", "mismatch", ("gradient",)),  # unclaimed: bug-a's failure
+    record("nonreentrant-default-eager-nested-none-cpu", "error", error="KeyError: k"),  # new
+    record("reentrant-default-eager-flat-none-cpu", "error", error="ValueError: v"),  # bug-b right
+    record("reentrant-default-eager-nested-none-cpu", "unsupported"),
+    record("reentrant-default-eager-deep-none-cpu", "error", error=OUTSIDE_IMPL + "TypeError: harness"),
+    record("module-mlp", "mismatch", ("gradient",)),
+    record("nonreentrant-default-eager-deep-none-cpu", "pass", impl="bundled"),
+]
+
+
+@pytest.fixture
+def entries(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text(ENTRIES)
+    return path
+
+
+def test_the_audit_counts_right_stale_wrong_missed_and_new(entries):
+    found = audit.audit(RECORDED, expectations.load(entries))
+    assert found.rows() == [
+        {"entry": "1: bug-a", "impl": "torch", "claimed": 3, "right": 1, "stale": 1, "wrong": 1, "missed": 1},
+        {"entry": "2: bug-b", "impl": "torch", "claimed": 1, "right": 1, "stale": 0, "wrong": 0, "missed": 0},
+    ]
+    assert found.wrong_claims == 2
+    assert found.new == ["torch nonreentrant-default-eager-nested-none-cpu: error: KeyError: k"]
+    assert found.unclaimed_passes == 1
+    assert found.not_judged == {"unsupported": 1, "raised outside the impl": 1,
+                                "not a matrix or fuzz case (module mode)": 1}
+    assert found.examples() == [
+        "stale  1: bug-a (torch): reentrant-tracked-eager-flat-none-cpu: pass",
+        "wrong  1: bug-a (torch): nonreentrant-tracked-eager-nested-none-cpu: error: TypeError: x",
+        "missed 1: bug-a (torch): nonreentrant-default-eager-flat-none-cpu: mismatch (gradient)",
+    ]
+
+
+def test_an_entry_outside_the_recorded_torch_claims_nothing(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\nname = "new-torch"\nimpl = "torch"\nlayout = "tracked"\ntorch = ">=2.14"\n'
+                    'reason = "r"\n')
+    found = audit.audit([record("nonreentrant-tracked-eager-flat-none-cpu", "mismatch", ("gradient",))],
+                        expectations.load(path))
+    assert found.rows() == [] and len(found.new) == 1  # recorded on 2.13: the entry does not apply
+
+
+def write_records(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_the_command_exits_1_on_a_wrong_claim_and_0_when_every_claim_holds(tmp_path, entries, capsys):
+    everything = write_records(tmp_path / "all.jsonl", RECORDED)
+    assert main(["expectations", "audit", str(everything), "--expectations", str(entries), "--examples"]) == 1
+    out = capsys.readouterr().out
+    assert "| 1: bug-a | torch  |         3 |       1 |       1 |       1 |        1 |" in out
+    assert "new    torch nonreentrant-default-eager-nested-none-cpu: error: KeyError: k" in out
+    assert "10 records: 4 claimed by 2 entries, 2 wrongly (stale or wrong); 1 failures missed" in out
+    right = write_records(tmp_path / "right.jsonl", [RECORDED[0], RECORDED[3], RECORDED[5]])
+    assert main(["expectations", "audit", str(right), "--expectations", str(entries)]) == 0
+
+
+def test_a_missing_results_file_is_one_line_and_exit_2(capsys):
+    assert main(["expectations", "audit", "/nonexistent/results.jsonl"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_records_of_the_default_cpu_matrix_are_committed_and_listed():
+    names = {path.name for path in RECORDS}
+    assert "cpu-torch2.13-default.jsonl.gz" in names, names
+    listed = (ROOT / "cases" / "records" / "README.md").read_text()
+    assert all(f"`{name}`" in listed for name in names), "cases/records/README.md must say where each file came from"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.name for p in RECORDS])
+def test_the_committed_records_audit_clean(path, capsys):
+    assert main(["expectations", "audit", str(path), "--examples"]) == 0, capsys.readouterr().out
+
+
+def test_the_audit_of_the_committed_records_fails_when_an_entry_claims_too_much(tmp_path, capsys):
+    # The negative control: the same records, one entry of the file made to expect an oracle its
+    # cells do not all fire; the audit must call those claims wrong.
+    text = expectations.DEFAULT_PATH.read_text()
+    broken = text.replace('oracles = ["forward-mask", "recompute-mask", "gradient", "live-stream", "output"]\n'
+                          'reason = """torch.utils.checkpoint saves only the CPU and device default generators',
+                          'oracles = ["identity"]\n'
+                          'reason = """torch.utils.checkpoint saves only the CPU and device default generators', 1)
+    assert broken != text
+    path = tmp_path / "e.toml"
+    path.write_text(broken)
+    cpu = [p for p in RECORDS if p.name.startswith("cpu-")]
+    assert main(["expectations", "audit", *map(str, cpu), "--expectations", str(path)]) == 1
+    assert "torch-ignores-tracker" in capsys.readouterr().out
