@@ -11,6 +11,7 @@ from harness.fronts.cli import main
 from harness.model import corpus
 from harness.model.cases import CaseError, Device, parse_case_id
 from harness.model.matrix import generate
+from harness.results import Outcome
 from harness.run.execution import load_targets
 from harness.verdict import expectations
 
@@ -256,3 +257,45 @@ def test_fuzz_jobs_refuses_bad_input_in_one_line(extra, message, capsys):
     assert main(["fuzz", "--impl", "bundled", "--device", "cpu", "--no-database", *extra]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+# --- what differs in a failure, and repeats grouped by it (issue 40, item 3) --------------------
+
+
+def _record(case_id: str, mismatches: list[tuple[str, str]]):
+    from harness.results import CaseRecord
+
+    found = [{"oracle": oracle, "subject": subject, "iteration": 0, "count": 1, "total": 4}
+             for oracle, subject in mismatches]
+    return CaseRecord.from_json({"impl": "torch", "case_id": case_id, "outcome": "mismatch", "mismatches": found})
+
+
+def test_what_differs_names_the_drawing_sites_by_op_and_stream_and_the_streams_that_end_elsewhere():
+    case = parse_case_id("nonreentrant-mixed-eager-(rand+native_dropout)-none-cpu")  # s0 on d, s1 on t
+    record = _record(case.id, [("recompute-mask", "s1 (recompute 2 of 2)"), ("recompute-mask", "s1"),
+                               ("gradient", "input"), ("live-stream", "tracker:model-parallel-rng")])
+    assert fuzz.differs(record, case) == ("gradient; live-stream: tracker:model-parallel-rng; "
+                                          "recompute-mask: native_dropout@t")
+    error = _record(case.id, [])
+    error.outcome, error.error = Outcome.ERROR, "ValueError: not enough values to unpack"
+    assert fuzz.differs(error, case) == "error: ValueError"
+
+
+def test_repeats_of_one_kind_are_grouped_by_what_differs():
+    from types import SimpleNamespace
+
+    def run(case_id: str, site: str):
+        case = parse_case_id(case_id)
+        return SimpleNamespace(record=_record(case_id, [("recompute-mask", site), ("gradient", "input")]),
+                               result=SimpleNamespace(case=case))
+
+    found = fuzz.FuzzResult()
+    tracked = "nonreentrant-tracked-eager-(rand)-none-cpu"
+    default = "nonreentrant-default-eager-(bernoulli_)-none-cpu"
+    for repeat in (run(tracked, "s0"), run(tracked, "s0"), run(default, "s0")):
+        fuzz._count_repeat(found, repeat)
+    assert found.repeats == 3
+    assert fuzz.repeat_lines(found, run(tracked, "s0").record) == [
+        "2 x gradient; recompute-mask: rand@t", "1 x gradient; recompute-mask: bernoulli_@d"]
+    other_kind = _record(tracked, [("live-stream", "cpu")])
+    assert fuzz.repeat_lines(found, other_kind) == []

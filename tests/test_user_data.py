@@ -171,6 +171,8 @@ def test_a_full_disk_during_run_is_one_line_exit_2_and_the_judged_cases_are_repo
     assert lines[0] == (f"error: cannot write {target / 'results.jsonl'}: No space left on device (it keeps the "
                         "2 records written before); stopped after 3 of 3 cases")
     assert "Traceback" not in err and len(lines) == 2
+    assert lines[1].startswith(f"error: cannot write the report into {target} (summary.md): No space left on "
+                               "device; no file there was replaced; the report of the 3 records judged is in ")
     fallback = Path(re.search(r"is in (\S+) instead", lines[1]).group(1))
     assert fallback.parent == tmp_path and fallback.name.startswith("harness-report-")
     kept = results(fallback)

@@ -400,8 +400,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                          interrupted=interrupted)
     progress.finish(written)
     if elsewhere:
-        print(f"error: {elsewhere}; the report of the {len(records)} cases judged is in {written} instead",
-              file=sys.stderr)
+        print(f"error: {elsewhere}", file=sys.stderr)
         return stops.WRITE_FAILED
     if interrupted:
         return status
@@ -624,8 +623,7 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
                                                          interrupted=interrupted)
         print(f"report:  {written}")
         if elsewhere:
-            print(f"error: {elsewhere}; the report of the {len(records)} programs judged is in {written} instead",
-                  file=sys.stderr)
+            print(f"error: {elsewhere}", file=sys.stderr)
     counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
     rate = found.tried / found.seconds if found.seconds else 0.0
     summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
@@ -639,7 +637,7 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         print(f"no {'new ' if args.new_only else ''}failure in {summary}{known}{noisy}")
         return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 0
     for number, finding in enumerate(found.findings, 1):
-        _print_finding(finding, number, len(found.findings), target.name)
+        _print_finding(finding, found, number, len(found.findings), target.name)
         if finding.run.record.verdict is not Verdict.FAIL:
             continue  # a known bug (an entry claims it): nothing new to keep
         if args.save and not finding.shrunk:
@@ -666,7 +664,7 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 1
 
 
-def _print_finding(finding: Any, number: int, total: int, impl: str) -> None:
+def _print_finding(finding: Any, found: Any, number: int, total: int, impl: str) -> None:
     from . import fuzz
 
     result, record = finding.run.result, finding.run.record
@@ -681,6 +679,12 @@ def _print_finding(finding: Any, number: int, total: int, impl: str) -> None:
     print(f"  case     {case.id}")
     print(f"  program  {case.program.spec}")
     print(f"  outcome  {fuzz.outcome_text(record)} (verdict {record.verdict.value})")
+    print(f"  differs  {fuzz.differs(record, case)}")
+    repeats = fuzz.repeat_lines(found, record)
+    if repeats:
+        print(f"  repeats  {sum(found.repeat_shapes.get(fuzz.signature(record), {}).values())} more of this kind "
+              "(outcome and oracles), by what differs:")
+        print("\n".join(f"           {line}" for line in repeats))
     if finding.flaky:
         print("  flaky    this case failed, then passed when Hypothesis ran it again")
     if record.verdict is Verdict.XFAIL:
@@ -797,7 +801,7 @@ def cmd_module(args: argparse.Namespace) -> int:
         written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), environment())
         print(f"report: {written}")
         if elsewhere:
-            print(f"error: {elsewhere}; the report is in {written} instead", file=sys.stderr)
+            print(f"error: {elsewhere}", file=sys.stderr)
     if args.script:
         argv = [a for a in (args.raw_argv or []) if a]
         reporting.write_output_file(args.script, module_report.script(_without_outputs(argv)), "--script")

@@ -188,6 +188,9 @@ class FuzzResult:
     findings: list[Finding] = field(default_factory=list)
     shrink_steps: int = 0  # cases run while shrinking the failure now being shrunk
     repeats: int = 0  # failures like one already found (same signature), not shrunk again
+    # the repeats of each kind (signature) by what differs in them (`differs`): how a known new
+    # failure shows in other shapes, without shrinking each
+    repeat_shapes: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)
     noisy: int = 0  # failures that a second run did not repeat bit for bit (`_repeats`)
     known: dict[str, int] = field(default_factory=dict)  # known failures (xfail) by the entry that explains them
     stale: list[str] = field(default_factory=list)  # 'case id (entry)' of cases an entry claims that passed
@@ -213,6 +216,51 @@ def signature(record: CaseRecord) -> tuple[str, ...]:
     if record.outcome is Outcome.MISMATCH:
         return ("mismatch", *sorted({m.oracle for m in record.mismatches}))
     return (record.outcome.value, record.error.split(":", 1)[0])
+
+
+# Oracles whose mismatch names a site (its subject: "s1", "s1 (recompute 2 of 2)") and those
+# that name a stream ("cpu", "cuda:0", "tracker:model-parallel-rng"); the others (gradient,
+# output, buffer, ambient) follow from them and are named alone.
+SITE_ORACLES = ("forward-mask", "recompute-mask", "fresh-randomness")
+STREAM_ORACLES = ("live-stream", "identity")
+
+
+def differs(record: CaseRecord, case: Case) -> str:
+    """What differs in a failure, shape-independently: per failing oracle, the drawing sites as
+    op@stream (the stream a site draws from: its own or the layout's) or the streams that end
+    elsewhere, e.g. 'recompute-mask: rand@t; gradient; live-stream: tracker:model-parallel-rng';
+    for an error, its type.  Two repeats of one kind that differ here took another shape."""
+    if record.outcome is not Outcome.MISMATCH:
+        return f"{record.outcome.value}: {record.error.split(':', 1)[0] or record.reason[:60]}"
+    sites = {site.name: site for site in case.program.sites()}
+    streams = case.streams()
+    by_oracle: dict[str, set[str]] = {}
+    for mismatch in record.mismatches:
+        where = by_oracle.setdefault(mismatch.oracle, set())
+        name = mismatch.subject.split(" ", 1)[0]
+        if mismatch.oracle in SITE_ORACLES and name in sites:
+            where.add(f"{sites[name].op.value}@{streams[name]}")
+        elif mismatch.oracle in STREAM_ORACLES:
+            where.add(mismatch.subject)
+    return "; ".join(f"{oracle}: {', '.join(sorted(where))}" if where else oracle
+                     for oracle, where in sorted(by_oracle.items()))
+
+
+def repeat_lines(found: "FuzzResult", record: CaseRecord, most: int = 5) -> list[str]:
+    """The repeats of `record`'s kind, grouped by what differs, most first: 'N x what'."""
+    shapes = found.repeat_shapes.get(signature(record), {})
+    ranked = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))
+    lines = [f"{n} x {what}" for what, n in ranked[:most]]
+    if len(ranked) > most:
+        lines.append(f"... {len(ranked) - most} more shapes ({sum(n for _, n in ranked[most:])} repeats)")
+    return lines
+
+
+def _count_repeat(result: "FuzzResult", run: CaseRun) -> None:
+    shapes = result.repeat_shapes.setdefault(signature(run.record), {})
+    what = differs(run.record, run.result.case)
+    shapes[what] = shapes.get(what, 0) + 1
+    result.repeats += 1
 
 
 def outcome_text(record: CaseRecord) -> str:
@@ -312,7 +360,7 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
             result.noisy += 1
             return  # run-to-run noise of a nondeterministic backward, not a checkpoint's doing
         if signature(done.record) in state["seen"]:
-            result.repeats += 1
+            _count_repeat(result, done)
             return  # like a failure this run already found and shrank
         if not state["failed"]:
             state.update(failed=True, after=result.tried, since=time.perf_counter())
@@ -378,11 +426,15 @@ def merged(results: Sequence[FuzzResult], seconds: float) -> FuzzResult:
             total.verdicts[verdict] = total.verdicts.get(verdict, 0) + n
         for label, n in result.known.items():
             total.known[label] = total.known.get(label, 0) + n
+        for kind, shapes in result.repeat_shapes.items():
+            merged_shapes = total.repeat_shapes.setdefault(kind, {})
+            for what, n in shapes.items():
+                merged_shapes[what] = merged_shapes.get(what, 0) + n
         total.stopped = total.stopped or result.stopped
     for finding in sorted((f for r in results for f in r.findings), key=lambda f: f.found_seconds):
         kind = signature(finding.run.record)
         if kind in kinds:
-            total.repeats += 1
+            _count_repeat(total, finding.run)
             continue
         kinds.add(kind)
         total.findings.append(finding)

@@ -126,9 +126,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto` for CUDA cases: `--workers-per-gpu` (or `gpus.default_workers_per_gpu`) xdist
     workers on every visible GPU; they share each GPU (`gpus.pin_worker`).  None where no case
     runs on CUDA: xdist's own count (the cores) applies."""
+    problem = _option_problem(config)
+    if problem:  # refused by pytest_cmdline_main already; here only if xdist asked first
+        raise pytest.UsageError(problem)
     per_gpu = config.getoption("workers_per_gpu")
-    if _option_problem(config):  # refused by pytest_cmdline_main; here only if xdist asked first
-        raise pytest.UsageError(_option_problem(config))
     try:
         devices = resolve_devices(config.getoption("device"))
     except UsageError:
@@ -360,7 +361,7 @@ class ReportCollector:
         what = f", {interrupted}" if interrupted else ""
         self.line = f"harness report: {written} ({len(self.records)} cases{what})"
         if elsewhere:
-            self.line += f"\nharness error: {elsewhere}; the report is in {written} instead"
+            self.line += f"\nharness error: {elsewhere}"
             session.exitstatus = stops.WRITE_FAILED
         targets = list(self.config._harness_impls.values())  # type: ignore[attr-defined]
         idle = [] if interrupted or self.config.getoption("allow_unsupported") else \

@@ -131,17 +131,17 @@ def clear_report(path: "str | Path") -> None:
             (Path(path) / name).unlink()
         except OSError as exc:
             raise ReportWriteError(f"cannot replace the report in {path}: cannot remove {name}: "
-                              f"{exc.strerror or exc}") from None
+                                   f"{exc.strerror or exc}") from None
 
 
 def write_output_file(path: "str | Path", text: str, what: str) -> None:
     """Write `text` to the output file `path` (e.g. --script); a write that fails (a full disk, a
-    device that refuses it) is a ReportError naming `what`, the file and the reason, not a
+    device that refuses it) is a ReportWriteError naming `what`, the file and the reason, not a
     traceback."""
     try:
         Path(path).write_text(text)
     except OSError as exc:
-        raise ReportError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+        raise ReportWriteError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
 
 
 def check_output_file(path: "str | Path", what: str) -> None:
@@ -272,8 +272,8 @@ def write_or_fallback(records: "Sequence[CaseRecord | dict[str, Any]]", report_d
     """`write` into `report_dir`; where writing there fails (`ReportWriteError`: a full disk, the
     folder gone), into a new folder under the system's temporary directory instead, so the report
     of what was judged is kept where it can be.  Returns the folder written and, after a fallback,
-    the line saying why `report_dir` was not (None when it was).  Raises ReportWriteError when
-    neither can be written, naming both."""
+    the line for the user saying why `report_dir` was not and where the report is (None when it
+    was).  Raises ReportWriteError when neither can be written, naming both."""
     try:
         return write(records, report_dir, env, unmatched=unmatched, interrupted=interrupted,
                      step_summary=step_summary), None
@@ -283,8 +283,9 @@ def write_or_fallback(records: "Sequence[CaseRecord | dict[str, Any]]", report_d
         except OSError as exc:
             raise ReportWriteError(f"{first}; nor in a temporary folder: {exc.strerror or exc}") from None
         try:
-            return write(records, fallback, env, unmatched=unmatched, interrupted=interrupted,
-                         step_summary=step_summary), str(first)
+            written = write(records, fallback, env, unmatched=unmatched, interrupted=interrupted,
+                            step_summary=step_summary)
+            return written, f"{first}; the report of the {len(records)} records judged is in {written} instead"
         except ReportWriteError as second:
             raise ReportWriteError(f"{first}; nor in {fallback}: {second}") from None
 
