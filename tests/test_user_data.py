@@ -279,3 +279,27 @@ def test_pytest_names_what_program_takes(tmp_path):
     proc = pytest_run("cases", "--program", "nope")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "unknown program 'nope': a program is a nesting" in proc.stdout + proc.stderr
+
+
+def test_a_corpus_write_that_fails_leaves_the_corpus_whole(tmp_path):
+    # A real failed write: the process may not grow any file past a few bytes more than the corpus
+    # holds (RLIMIT_FSIZE, as a full disk refuses).  Writing the corpus in place would have cut it
+    # off at that point; the corpus must come out as it went in, with no temporary file left.
+    from harness.model import corpus
+    from harness.model.cases import parse_case_id
+
+    path = tmp_path / "corpus.toml"
+    assert corpus.append(parse_case_id(CASE), "torch", "mismatch: gradient", path)
+    before = path.read_bytes()
+    limit = len(before) + 16
+    code = (f"import resource, signal\n"
+            f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+            f"from harness.model import corpus\n"
+            f"from harness.model.cases import parse_case_id\n"
+            f"corpus.append(parse_case_id({CASES[1]!r}), 'torch', 'mismatch: gradient', {str(path)!r})\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=PROCESS_LIMIT_S)
+    assert proc.returncode != 0 and "File too large" in proc.stderr, proc.stderr
+    assert path.read_bytes() == before  # never cut off: the finding before it is still there
+    assert [p.name for p in tmp_path.iterdir()] == ["corpus.toml"]  # no temporary file left behind

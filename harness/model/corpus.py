@@ -10,7 +10,9 @@ as stale.  The corpus is data that `python -m harness fuzz` appends to; edit it 
 from __future__ import annotations
 
 import datetime
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,5 +105,24 @@ def append(case: Case, impl: str, outcome: str, path: "str | Path | None" = None
     if path.exists() and any(f.case.id == case.id and f.impl == impl for f in load(path)):
         return False
     text = path.read_text() if path.exists() else HEADER
-    path.write_text(text + entry_text(case, impl, outcome))
+    _replace(path, text + entry_text(case, impl, outcome))
     return True
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` as `path` through a temporary file beside it, moved into place when whole: a
+    write that fails (a full disk) raises OSError and leaves the corpus as it was, never cut off."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a new corpus from others
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
