@@ -1,46 +1,56 @@
 """torch.utils.checkpoint replays autocast in the recompute but not the SDPA backend choice.
 
 A region entered under ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`` is recomputed outside
-that context, on the default CUDA backend (memory-efficient or flash attention), whose dropout
-draws differently: non-reentrant mode raises CheckpointError (the recomputed tensors have other
-shapes), reentrant mode silently gives wrong gradients.  On the CPU the default backend is the
-same kernel, so nothing shows there.
+that context, on the device's default backend for the input.  On CUDA that is memory-efficient or
+flash attention, whose dropout draws differently; on the CPU, attention without dropout runs on its
+flash kernel (with dropout the CPU default is the math kernel itself, so nothing shows there).
+Either way non-reentrant mode raises CheckpointError (the recomputed tensors have other shapes)
+and reentrant mode silently gives other gradients.
 
-Needs torch and a CUDA device.  Exit 1 when the bug shows.
+Needs torch; runs on CUDA where a device is visible, else on the CPU.  Exit 1 when the bug shows.
 """
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-def region(h):
+
+def region(h, dropout_p):
     q = h.view(1, 1, 64, 64)
-    return F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, scale=1 / 64).reshape(64, 64) * 2.0
+    return F.scaled_dot_product_attention(q, q, q, dropout_p=dropout_p, scale=1 / 64).reshape(64, 64) * 2.0
 
 
-def run(mode):
+def run(mode, dropout_p):
     torch.manual_seed(0)
-    x = torch.rand(64, 64, device="cuda").requires_grad_(True)
+    x = torch.rand(64, 64, device=DEVICE).requires_grad_(True)
     with sdpa_kernel(SDPBackend.MATH):
-        y = region(x) if mode is None else checkpoint(region, x, use_reentrant=mode == "reentrant")
+        if mode is None:
+            y = region(x, dropout_p)
+        else:
+            y = checkpoint(region, x, dropout_p, use_reentrant=mode == "reentrant")
     (y * y).sum().backward()
     return x.grad
 
 
 def main():
-    reference, bad = run(None), 0
-    for mode in ("reentrant", "nonreentrant"):
-        try:
-            grad = run(mode)
-        except Exception as exc:  # CheckpointError
-            print(f"{mode:12s}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-            bad += 1
-            continue
-        wrong = int((grad.view(torch.int32) != reference.view(torch.int32)).sum())
-        print(f"{mode:12s}: {wrong}/{grad.numel()} input-gradient elements differ")
-        bad += wrong > 0
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    bad = 0
+    for dropout_p in (0.5, 0.0):
+        reference = run(None, dropout_p)
+        for mode in ("reentrant", "nonreentrant"):
+            label = f"dropout {dropout_p}, {mode}"
+            try:
+                grad = run(mode, dropout_p)
+            except Exception as exc:  # CheckpointError
+                print(f"{label:25s}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+                bad += 1
+                continue
+            wrong = int((grad.view(torch.int32) != reference.view(torch.int32)).sum())
+            print(f"{label:25s}: {wrong}/{grad.numel()} input-gradient elements differ")
+            bad += wrong > 0
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
+    print(f"torch {torch.__version__}, {where}")
     return 1 if bad else 0
 
 
