@@ -111,6 +111,19 @@ def test_a_missing_results_file_is_one_line_and_exit_2(capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: data[:5000], "Compressed file ended before the end-of-stream marker was reached"),
+    (lambda data: data[:200] + b"x" * 60 + data[260:], "Error -3 while decompressing data"),
+    (lambda data: b"not gzip\n", "Not a gzipped file"),
+], ids=["cut", "corrupt", "not-gzip"])
+def test_a_damaged_gzip_file_is_one_line_and_exit_2(tmp_path, capsys, damage, message):
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(damage((ROOT / "cases" / "records" / "cpu-torch2.13-default.jsonl.gz").read_bytes()))
+    assert main(["expectations", "audit", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: cannot read {path}: {message}"), err
+
+
 def test_the_records_of_the_default_cpu_matrix_are_committed_and_listed():
     names = {path.name for path in RECORDS}
     assert "cpu-torch2.13-default.jsonl.gz" in names, names

@@ -17,6 +17,7 @@ import argparse
 import gzip
 import json
 import sys
+import zlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,7 +50,7 @@ def read_results(directory: "str | Path", *, partial: bool = False) -> list[dict
                            else f"no such results file: {where}")
     try:
         raw = gzip.decompress(source.read_bytes()) if source.name.endswith(".gz") else source.read_bytes()
-    except (OSError, EOFError) as exc:  # gzip's BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as exc:  # gzip's BadGzipFile is an OSError; a cut or corrupt stream
         raise UsageError(f"cannot read {source}: {getattr(exc, 'strerror', None) or exc}") from None
     records = []
     lines = raw.split(b"\n")
