@@ -303,3 +303,23 @@ def test_a_corpus_write_that_fails_leaves_the_corpus_whole(tmp_path):
     assert proc.returncode != 0 and "File too large" in proc.stderr, proc.stderr
     assert path.read_bytes() == before  # never cut off: the finding before it is still there
     assert [p.name for p in tmp_path.iterdir()] == ["corpus.toml"]  # no temporary file left behind
+
+
+def test_ctrl_c_while_a_run_sets_up_leaves_the_old_report_whole_without_a_traceback(tmp_path):
+    # Ctrl-C right after the first line (workers about to start, no case judged): exit 130, no
+    # traceback, and the report that --replace-report would have replaced is still whole.
+    import signal
+
+    before = old_report(tmp_path / "rep")
+    run = subprocess.Popen([sys.executable, "-m", "harness", "run", "--case", CASE, "--report-dir",
+                            str(tmp_path / "rep"), "--replace-report"], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout.readline().startswith("case workers: ")  # printed before any case runs
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=PROCESS_LIMIT_S)
+    finally:
+        run.kill()
+    assert run.returncode == 130, out + err
+    assert "Traceback" not in err and "interrupted" in err, err
+    assert snapshot(tmp_path / "rep") == before

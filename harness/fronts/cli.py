@@ -913,6 +913,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:  # every bad-input error of the harness (harness.errors)
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:  # Ctrl-C while a command sets up (a run's own loop keeps what it judged)
+        print(f"\n{stops.describe(stop)}: stopped before its results were written", file=sys.stderr)
+        return stops.status(stop)
 
 
 if __name__ == "__main__":
