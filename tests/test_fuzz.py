@@ -299,3 +299,24 @@ def test_repeats_of_one_kind_are_grouped_by_what_differs():
         "2 x gradient; recompute-mask: rand@t", "1 x gradient; recompute-mask: bernoulli_@d"]
     other_kind = _record(tracked, [("live-stream", "cpu")])
     assert fuzz.repeat_lines(found, other_kind) == []
+
+
+def test_a_new_failure_that_an_entry_expects_says_which_entry_it_looks_like(capsys):
+    # torch's sdpa_kernel bug on the CPU (attention without dropout in a region pinned to math is
+    # recomputed on the CPU's flash kernel): no entry claims the cell (they name CUDA), so it is a
+    # failure, and the entry that expects just this failure is named beside it.
+    from harness.fronts import cli
+    from harness.run.execution import run_case
+
+    [target] = load_targets(["torch"])
+    case = parse_case_id("nonreentrant-default-eager-(sdpa_kernel(sdpa_math+sdpa_auto))-none-cpu")
+    run = run_case(target, case, ENTRIES)
+    assert run.record.verdict.value == "fail" and not run.record.expected_entry
+    cli._print_finding(fuzz.Finding(run, 1, 0.1, 0, 0.0), fuzz.FuzzResult(), ENTRIES, 1, 1, "torch")
+    out = capsys.readouterr().out
+    assert "  like     torch-sdpa-kernel-not-replayed: that entry expects this failure, but its cases do not " in out
+    # a failure no entry expects gets no such line
+    [control] = load_targets(["neg-wrong-output"])
+    other = run_case(control, parse_case_id("nonreentrant-default-eager-flat-none-cpu"), [])
+    cli._print_finding(fuzz.Finding(other, 1, 0.1, 0, 0.0), fuzz.FuzzResult(), [], 1, 1, "neg-wrong-output")
+    assert "  like " not in capsys.readouterr().out

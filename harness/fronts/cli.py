@@ -603,11 +603,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 pool.close()
     progress.done()
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
-        return _fuzz_summary(args, target, found, list(records.values()), env, problems)
+        return _fuzz_summary(args, target, found, list(records.values()), env, entries, problems)
 
 
 def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],
-                  env: dict[str, Any], problems: list[str]) -> int:
+                  env: dict[str, Any], entries: list[Any], problems: list[str]) -> int:
     """Print what a fuzz run found (and write its report with --report-dir); its exit status."""
     from . import fuzz
 
@@ -637,7 +637,7 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         print(f"no {'new ' if args.new_only else ''}failure in {summary}{known}{noisy}")
         return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 0
     for number, finding in enumerate(found.findings, 1):
-        _print_finding(finding, found, number, len(found.findings), target.name)
+        _print_finding(finding, found, entries, number, len(found.findings), target.name)
         if finding.run.record.verdict is not Verdict.FAIL:
             continue  # a known bug (an entry claims it): nothing new to keep
         if args.save and not finding.shrunk:
@@ -664,7 +664,8 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 1
 
 
-def _print_finding(finding: Any, found: Any, number: int, total: int, impl: str) -> None:
+def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, total: int, impl: str) -> None:
+    from ..verdict import audit
     from . import fuzz
 
     result, record = finding.run.result, finding.run.record
@@ -691,6 +692,13 @@ def _print_finding(finding: Any, found: Any, number: int, total: int, impl: str)
         print(f"  known    {record.expected_failure.splitlines()[0]}")
     elif record.verdict_note:
         print(f"  note     {record.verdict_note}")
+    elif record.verdict is Verdict.FAIL:  # no entry claims it: say which one expects just this failure
+        expecting = audit.expecting_entry(entries, impl, record.outcome.value, [m.oracle for m in record.mismatches],
+                                          record.error, record.impl_version)
+        if expecting is not None:
+            print(f"  like     {expecting.label}: that entry expects this failure, but its cases do not reach this "
+                  f"one (its bug in a new shape, or another bug that fails alike; `expectations explain` says "
+                  "what it misses)")
     print_mismatches(result.mismatches, indent="  ")
     if result.error:
         print(f"\n  {result.error}")

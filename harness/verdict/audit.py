@@ -156,11 +156,23 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation]) 
         if verdict == "pass":
             result.unclaimed_passes += 1
             continue
-        explaining = [e for e in entries if fnmatch.fnmatchcase(impl, e.impl) and not e.expects_pass
-                      and e.applies_to(version, torch_version) and e.explains(outcome, fired, error)]
-        if not explaining:
+        expecting = expecting_entry(entries, impl, outcome, fired, error, version, torch_version)
+        if expecting is None:
             result.new.append(f"{impl} {shown}")
-        else:  # the entry that says most about this failure (most oracles; the first in the file of those)
-            most = max(len(e.oracles) for e in explaining)
-            result.entry(impl, next(e for e in explaining if len(e.oracles) == most)).missed.append(shown)
+        else:
+            result.entry(impl, expecting).missed.append(shown)
     return result
+
+
+def expecting_entry(entries: Sequence[Expectation], impl: str, outcome: str, fired: Sequence[str], error: str,
+                    version: "str | None" = None, torch_version: "str | None" = None) -> Expectation | None:
+    """The entry of `impl` (at `version`, on `torch_version`) that expects just this failure though
+    its cases do not reach the case: its outcome, its oracles among `fired`, its message.  Of
+    several, the one naming the most oracles (the first in the file among equals); None when no
+    entry expects it.  A pointer for a reader, never a verdict: the case stays a failure."""
+    expecting = [e for e in entries if fnmatch.fnmatchcase(impl, e.impl) and not e.expects_pass
+                 and e.applies_to(version, torch_version) and e.explains(outcome, list(fired), error)]
+    if not expecting:
+        return None
+    most = max(len(e.oracles) for e in expecting)
+    return next(e for e in expecting if len(e.oracles) == most)
