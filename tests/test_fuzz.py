@@ -312,11 +312,13 @@ def test_a_new_failure_that_an_entry_expects_says_which_entry_it_looks_like(caps
     case = parse_case_id("nonreentrant-default-eager-(sdpa_kernel(sdpa_math+sdpa_auto))-none-cpu")
     run = run_case(target, case, ENTRIES)
     assert run.record.verdict.value == "fail" and not run.record.expected_entry
-    cli._print_finding(fuzz.Finding(run, 1, 0.1, 0, 0.0), fuzz.FuzzResult(), ENTRIES, 1, 1, "torch")
+    like = cli._print_finding(fuzz.Finding(run, 1, 0.1, 0, 0.0), fuzz.FuzzResult(), ENTRIES, 1, 1, "torch")
+    assert like == "torch-sdpa-kernel-not-replayed"  # counted in the run's last line
     out = capsys.readouterr().out
     assert "  like     torch-sdpa-kernel-not-replayed: that entry expects this failure, but its cases do not " in out
     # a failure no entry expects gets no such line
     [control] = load_targets(["neg-wrong-output"])
     other = run_case(control, parse_case_id("nonreentrant-default-eager-flat-none-cpu"), [])
-    cli._print_finding(fuzz.Finding(other, 1, 0.1, 0, 0.0), fuzz.FuzzResult(), [], 1, 1, "neg-wrong-output")
+    assert cli._print_finding(fuzz.Finding(other, 1, 0.1, 0, 0.0), fuzz.FuzzResult(), [], 1, 1,
+                              "neg-wrong-output") is None
     assert "  like " not in capsys.readouterr().out

@@ -636,8 +636,11 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
                 "attention backward), not counted" if found.noisy else ""
         print(f"no {'new ' if args.new_only else ''}failure in {summary}{known}{noisy}")
         return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 0
+    alike: list[str] = []  # the entries that new failures look like (each expects just that failure)
     for number, finding in enumerate(found.findings, 1):
-        _print_finding(finding, found, entries, number, len(found.findings), target.name)
+        like = _print_finding(finding, found, entries, number, len(found.findings), target.name)
+        if like is not None:
+            alike.append(like)
         if finding.run.record.verdict is not Verdict.FAIL:
             continue  # a known bug (an entry claims it): nothing new to keep
         if args.save and not finding.shrunk:
@@ -659,12 +662,15 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     if found.noisy:
         repeats += f", {found.noisy} not repeated bit for bit by a second run (nondeterministic attention backward)"
     kinds = "new kind" if args.new_only else "kind"
+    like = f", {len(alike)} like an entry: {', '.join(dict.fromkeys(alike))}" if alike else ""
     print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"
-          f"{'s' if len(found.findings) > 1 else ''}){repeats} in {summary}{known}")
+          f"{'s' if len(found.findings) > 1 else ''}{like}){repeats} in {summary}{known}")
     return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 1
 
 
-def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, total: int, impl: str) -> None:
+def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, total: int, impl: str) -> str | None:
+    """Print one finding; the label of the entry that expects just this failure where no entry
+    claims it (None otherwise)."""
     from ..verdict import audit
     from . import fuzz
 
@@ -692,18 +698,21 @@ def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, to
         print(f"  known    {record.expected_failure.splitlines()[0]}")
     elif record.verdict_note:
         print(f"  note     {record.verdict_note}")
-    elif record.verdict is Verdict.FAIL:  # no entry claims it: say which one expects just this failure
+    expecting = None
+    if record.verdict is Verdict.FAIL and not record.expected_entry and not record.verdict_note:
+        # no entry claims it (and it is no wrong failure, no fault outside the impl): which one expects it?
         expecting = audit.expecting_entry(entries, impl, record.outcome.value, [m.oracle for m in record.mismatches],
                                           record.error, record.impl_version)
         if expecting is not None:
             print(f"  like     {expecting.label}: that entry expects this failure, but its cases do not reach this "
-                  f"one (its bug in a new shape, or another bug that fails alike; `expectations explain` says "
+                  "one (its bug in a new shape, or another bug that fails alike; `expectations explain` says "
                   "what it misses)")
     print_mismatches(result.mismatches, indent="  ")
     if result.error:
         print(f"\n  {result.error}")
     print(f"\nrerun:   python -m harness repro '{case.id}' --impl {impl}")
     print(f"matrix:  pytest cases --impl {impl} --program '{case.program.spec}'")
+    return expecting.label if expecting is not None else None
 
 
 class FuzzProgress:
