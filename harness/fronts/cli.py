@@ -892,10 +892,8 @@ def _audit(args: argparse.Namespace, entries: list[Any]) -> int:
     found = audit.audit(records, entries)
     if args.keep:
         text = "".join(json.dumps(audit.essentials(r), sort_keys=True) + "\n" for r in records)
-        try:
-            Path(args.keep).write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))  # mtime 0: same bytes each time
-        except OSError as exc:
-            raise reporting.ReportWriteError(f"cannot write --keep {args.keep}: {exc.strerror or exc}") from None
+        # mtime 0: the same records give the same bytes each time
+        reporting.write_output_file(args.keep, gzip.compress(text.encode("utf-8"), mtime=0), "--keep")
     rows = found.rows()
     if rows:
         print(tabulate(rows, headers="keys", tablefmt="github"))

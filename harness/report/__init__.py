@@ -134,12 +134,15 @@ def clear_report(path: "str | Path") -> None:
                                    f"{exc.strerror or exc}") from None
 
 
-def write_output_file(path: "str | Path", text: str, what: str) -> None:
-    """Write `text` to the output file `path` (e.g. --script); a write that fails (a full disk, a
-    device that refuses it) is a ReportWriteError naming `what`, the file and the reason, not a
-    traceback."""
+def write_output_file(path: "str | Path", content: "str | bytes", what: str) -> None:
+    """Write `content` (text, or bytes as they are) to the output file `path` (e.g. --script); a
+    write that fails (a full disk, a device that refuses it) is a ReportWriteError naming `what`,
+    the file and the reason, not a traceback."""
     try:
-        Path(path).write_text(text)
+        if isinstance(content, bytes):
+            Path(path).write_bytes(content)
+        else:
+            Path(path).write_text(content)
     except OSError as exc:
         raise ReportWriteError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
 

@@ -72,11 +72,6 @@ class LiveResults:
         self._size += written
         self.count += 1
 
-    @property
-    def started(self) -> bool:
-        """Whether the file was started (a record came)."""
-        return self._fd is not None or self.count > 0
-
     def close(self) -> None:
         self._closed = True
         if self._fd is not None:
