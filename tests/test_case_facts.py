@@ -4,6 +4,7 @@ one entry covers a named program and every spec program with the same property."
 from __future__ import annotations
 
 import pytest
+from machines import h200_torch_2_11
 
 from harness.model.case_facts import facts_of
 from harness.model.cases import parse_case_id
@@ -36,11 +37,14 @@ def test_named_programs_have_the_same_facts_as_their_specs():
 def test_sites_by_op_and_dtype():
     got = facts("nonreentrant-default-eager-bf16:(native_dropout+sdpa_kernel(sdpa_efficient.bf16))-none-cuda")
     assert got["site_in_region"] == ["native_dropout.bf16", "sdpa_efficient.bf16"]  # the header's dtype
+    h200 = h200_torch_2_11()
     entry = expectations.find(expectations.load(), "torch",
-                              "nonreentrant-default-eager-((native_dropout+native_dropout+sdpa_kernel(sdpa_efficient.bf16)))-none-cuda")
-    assert entry.label == "torch-sdpa-kernel-not-replayed"  # an H200 fuzzer finding
+                              "nonreentrant-default-eager-((native_dropout+native_dropout+sdpa_kernel(sdpa_efficient.bf16)))-none-cuda",
+                              machine=h200)
+    assert entry.label == "torch-sdpa-kernel-not-replayed"  # an H200 fuzzer finding: cuDNN is the H200's bf16 choice
+    # memory-efficient is the H200's own choice for float32: the recompute runs the same backend
     assert expectations.find(expectations.load(), "torch",
-                             "nonreentrant-default-eager-(sdpa_kernel(sdpa_efficient))-none-cuda") is None
+                             "nonreentrant-default-eager-(sdpa_kernel(sdpa_efficient))-none-cuda", machine=h200) is None
 
 
 def test_sites_under_sdpa_kernel_are_those_a_recompute_may_run_on_another_backend():
@@ -150,7 +154,7 @@ def test_the_expectations_file_has_no_conflicts_on_the_default_matrices():
     ("reentrant-default-eager-(list(native_dropout)+native_dropout)-none-cpu", "torch", "torch-reentrant-container"),
     ("reentrant-mixed-eager-dict(native_dropout@t)+native_dropout@d-draws-cpu", "torch", "torch-reentrant-container"),
     ("nonreentrant-tracked-eager-(native_dropout)-none-cpu", "torch", "torch-ignores-tracker"),
-    ("nonreentrant-tracked-eager-(dropout_p0)-none-cpu", "torch", "draws-nothing"),
+    ("nonreentrant-tracked-eager-(dropout_p0)-none-cpu", "torch", None),  # draws nothing: no model claims it
     # H200 fuzzer findings of torch (--capture all): a keyword region under reentrant that draws
     # nothing still raises; a keyword region's default-stream site beside a tracked one outside.
     ("reentrant-default-eager-keyword(nodraw)-none-cuda", "torch", "torch-reentrant-keyword"),
@@ -158,7 +162,8 @@ def test_the_expectations_file_has_no_conflicts_on_the_default_matrices():
      "torch-keyword-closure-cuda-rng"),
 ])
 def test_the_fuzzers_known_forms_are_claimed_by_their_bug(case_id, impl, label):
-    assert expectations.find(expectations.load(), impl, case_id).label == label
+    found = expectations.find(expectations.load(), impl, case_id, machine=h200_torch_2_11())
+    assert (found.label if found else None) == label
 
 
 def test_explain_names_the_match_and_why_the_others_miss(capsys):
@@ -169,8 +174,11 @@ def test_explain_names_the_match_and_why_the_others_miss(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("torch reentrant-default-eager-list(native_dropout)-none-cpu: claimed by "
                              "torch-reentrant-container")
-    assert "  no    torch-reentrant-keyword: passing is list, not keyword" in out
-    assert any(line.startswith("  MATCH torch-reentrant-container") for line in out)
+    assert "  why   the loss does not require grad: nothing after r0 (entered list) carries a gradient" in out
+    assert ("  model torch-reentrant-keyword: refuses-input(passing=keyword) predicts a pass: its bug cannot show "
+            "here") in out
+    invisible = "  model torch-reentrant-container: input-invisible(passing=list|dict) predicts error"
+    assert any(line.startswith(invisible) for line in out)
     assert main(["expectations", "conflicts", "--device", "cpu"]) == 0
     assert main(["expectations", "explain", "nope", "--impl", "torch"]) == 2
 

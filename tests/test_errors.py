@@ -44,7 +44,7 @@ def test_every_bad_input_class_is_a_usage_error_and_a_value_error_as_before():
     for name in ("harness.model.cases.CaseError", "harness.model.programs.ProgramError", "harness.impls.ImplError",
                  "harness.model.shards.ShardError", "harness.verdict.expectations.ExpectationError",
                  "harness.fronts.module_mode.ModuleError", "harness.model.corpus.CorpusError",
-                 "harness.report.ReportError"):
+                 "harness.report.ReportError", "harness.verdict.models.ModelError"):
         assert name in usage, name
     assert all(issubclass(classes[name], ValueError) for name in usage)
 

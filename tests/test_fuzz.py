@@ -301,21 +301,25 @@ def test_repeats_of_one_kind_are_grouped_by_what_differs():
     assert fuzz.repeat_lines(found, other_kind) == []
 
 
-def test_a_new_failure_that_an_entry_expects_says_which_entry_it_looks_like(capsys):
-    # torch's sdpa_kernel bug on the CPU (attention without dropout in a region pinned to math is
-    # recomputed on the CPU's flash kernel): no entry claims the cell (they name CUDA), so it is a
-    # failure, and the entry that expects just this failure is named beside it.
+def test_a_new_failure_that_an_entry_expects_says_which_entry_it_looks_like(capsys, tmp_path):
+    # torch's tracker bug in a layout its entry's scope leaves out (here the entry is scoped to the
+    # mixed layout, the case is tracked): no entry claims the cell, so it is a failure, and the
+    # entry whose model alone predicts just this failure is named beside it.
     from harness.fronts import cli
     from harness.run.execution import run_case
 
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\nname = "tracker-bug"\nimpl = "torch"\nlayout = "mixed"\n'
+                    'model = { behaviour = "unsaved-streams", streams = "tracker" }\nreason = "r"\n')
+    entries = expectations.load(path)
     [target] = load_targets(["torch"])
-    case = parse_case_id("nonreentrant-default-eager-(sdpa_kernel(sdpa_math+sdpa_auto))-none-cpu")
-    run = run_case(target, case, ENTRIES)
+    case = parse_case_id("nonreentrant-tracked-eager-(native_dropout)-none-cpu")
+    run = run_case(target, case, entries)
     assert run.record.verdict.value == "fail" and not run.record.expected_entry
-    like = cli._print_finding(fuzz.Finding(run, 1, 0.1, 0, 0.0), fuzz.FuzzResult(), ENTRIES, 1, 1, "torch")
-    assert like == "torch-sdpa-kernel-not-replayed"  # counted in the run's last line
+    like = cli._print_finding(fuzz.Finding(run, 1, 0.1, 0, 0.0), fuzz.FuzzResult(), entries, 1, 1, "torch")
+    assert like == "tracker-bug"  # counted in the run's last line
     out = capsys.readouterr().out
-    assert "  like     torch-sdpa-kernel-not-replayed: that entry expects this failure, but its cases do not " in out
+    assert "  like     tracker-bug: that entry expects this failure, but its cases do not " in out
     # a failure no entry expects gets no such line
     [control] = load_targets(["neg-wrong-output"])
     other = run_case(control, parse_case_id("nonreentrant-default-eager-flat-none-cpu"), [])

@@ -702,7 +702,7 @@ def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, to
     if record.verdict is Verdict.FAIL and not record.expected_entry and not record.verdict_note:
         # no entry claims it (and it is no wrong failure, no fault outside the impl): which one expects it?
         expecting = audit.expecting_entry(entries, impl, record.outcome.value, [m.oracle for m in record.mismatches],
-                                          record.error, record.impl_version)
+                                          record.error, record.impl_version, case=case)
         if expecting is not None:
             print(f"  like     {expecting.label}: that entry expects this failure, but its cases do not reach this "
                   "one (its bug in a new shape, or another bug that fails alike; `expectations explain` says "
@@ -864,6 +864,11 @@ def cmd_expectations(args: argparse.Namespace) -> int:
         found = expectations_mod.find(entries, args.impl, case, version=args.version)
         print(f"{args.impl} {case.id}: " + (f"claimed by {found.label}: expects {found.expected()}" if found
                                              else "no entry claims it: a failure is a failure, a pass a pass"))
+        if found is not None and found.prediction is not None:
+            for line in found.prediction.why:
+                print(f"  why   {line}")
+            if found.also:
+                print(f"  with  {', '.join(found.also)} (their models compose with its)")
         lines = expectations_mod.explain(entries, args.impl, case, version=args.version)
         print("\n".join(lines) if lines else f"  (no entry names {args.impl})")
         return 0

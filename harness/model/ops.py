@@ -243,6 +243,28 @@ _BACKEND_NAMES = {"EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn"
 
 
 @functools.lru_cache(maxsize=None)
+def default_backend(device: str, dtype: Dtype, shape: Shape, dropout: bool) -> str | None:
+    """The attention backend torch picks on this machine's `device` type ("cpu" or "cuda") for
+    an attention call of this dtype and shape, with dropout (p = 0.5, an input that requires
+    grad, as a site's) or without, when no ``sdpa_kernel`` context chooses: what a recompute
+    outside such a context runs.  "math", "flash", "efficient", "cudnn" ("unknown" for another),
+    or None where this torch cannot be asked or the device is absent here.  Probed once per
+    combination.  (On the CPU, torch 2.13: flash without dropout, math with it.)"""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    backend_type = getattr(getattr(torch.nn, "attention", None), "SDPBackend", None)
+    if choose is None or backend_type is None or (device == "cuda" and not torch.cuda.is_available()):
+        return None
+    names = {int(getattr(backend_type, member)): name for member, name in _BACKEND_NAMES.items()
+             if hasattr(backend_type, member)}
+    q = torch.zeros(ATTENTION_VIEWS[shape], device=device, dtype=getattr(torch, TORCH_DTYPES[dtype]),
+                    requires_grad=dropout)
+    try:
+        return names.get(int(choose(q, q, q, None, DROPOUT_P if dropout else 0.0)), "unknown")
+    except (RuntimeError, TypeError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
 def auto_backend(dtype: Dtype, shape: Shape) -> str | None:
     """The attention backend torch picks on the current CUDA device for an ``sdpa_auto`` site of
     this dtype and shape (asked with a tensor of the site's view: ``torch._fused_sdp_choice``),

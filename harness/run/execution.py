@@ -23,6 +23,7 @@ from ..errors import UsageError
 from ..model.cases import Capture, Case, Device
 from ..results import SKIPPED_OUTCOMES, CaseRecord, Outcome, Verdict
 from ..verdict import expectations as expectations_mod
+from ..verdict.models import Machine
 from .runner import OUTSIDE_IMPL, CaseResult, run
 from .stops import INTERRUPTED
 
@@ -163,7 +164,10 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
     ``expected_outcome``, ``expected_oracles``, ``expected_entry`` (the bug's name, or 'entry N')."""
     record = result.record()
     record.impl = target.name
-    entry = expectations_mod.find(entries, target.name, result.case, version=record.impl_version)
+    machine = Machine()
+    entry = expectations_mod.find(entries, target.name, result.case, version=record.impl_version, machine=machine)
+    if machine.asked:  # what the models asked of this torch: an audit elsewhere replays the same answers
+        record.extra["machine_facts"] = dict(machine.asked)
     judgement = expectations_mod.judge(
         result.outcome.value, [m.oracle for m in result.mismatches], result.error, entry,
         impl=target.name, reason=result.reason,

@@ -13,10 +13,15 @@ its recorded outcome, fired oracles and error are held against the entry that cl
 - **wrong**: the entry claims the case and the case failed otherwise (another outcome, another
   oracle, another error), or failed where the entry expects a pass;
 - **missed**: no entry claims the case, it failed, and this entry (of the same impl, applying to
-  that version and torch) expects exactly that failure: the bug it names, shown where its cases do
-  not reach.  (Until known bugs are models, "would explain" means "expects this failure": its
-  outcome, its oracles among those that fired, its message; of several, the one naming the most
-  oracles is charged, the first in the file among equals.)
+  that version and torch) would explain exactly that failure: the bug it names, shown where its
+  cases do not reach.  A model entry would where its model alone, outside the entry's scope,
+  predicts this failure; an entry that is still a predicate, where it expects this failure (its
+  outcome, its oracles among those that fired, its message).  Of several, the one naming the most
+  oracles is charged, the first in the file among equals.
+
+Models ask what the installed torch does (`models.Machine`): a record keeps the answers its run
+was given (``machine_facts``); where it has none, this machine answers if it runs the torch the
+record ran on, and otherwise the model does not know (a backend it cannot ask is no difference).
 
 A failure no entry claims or would explain is **new**.  Unsupported and skipped cases, records that
 are not matrix or fuzz cases (module mode), and errors raised outside the impl (`OUTSIDE_IMPL`) are
@@ -25,6 +30,7 @@ counted apart and judged for no entry.  A wrong claim (stale or wrong) fails the
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -32,6 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..model.cases import CaseError, parse_case_id
 from ..results import OUTSIDE_IMPL
 from .expectations import Expectation, find, judge
+from .models import LOCAL, Machine, predict
 
 EXAMPLES = 3  # case ids shown per entry and kind
 
@@ -96,7 +103,7 @@ class Audit:
 
 # What the audit reads of a record (and what a reader needs to find the case again): the rest
 # (tracebacks, timings, the verdict's texts) is left out of the records kept as data.
-KEPT = ("case_id", "impl", "impl_version", "outcome", "error", "reason", "verdict", "expected_entry")
+KEPT = ("case_id", "impl", "impl_version", "outcome", "error", "reason", "verdict", "expected_entry", "machine_facts")
 KEPT_MISMATCH = ("oracle", "subject", "iteration", "count", "total")
 KEPT_ENV = ("torch", "gpu", "cuda")
 
@@ -142,7 +149,8 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation]) 
         version = record.get("impl_version")
         torch_version = (record.get("env") or {}).get("torch")
         shown = f"{record.get('case_id')}: {_failure(record, fired) if outcome != 'pass' else 'pass'}"
-        entry = find(entries, impl, case, version=version, torch_version=torch_version)
+        machine = record_machine(record)
+        entry = find(entries, impl, case, version=version, torch_version=torch_version, machine=machine)
         verdict = judge(outcome, fired, error, entry, impl=impl).verdict
         if entry is not None:
             found = result.entry(impl, entry)
@@ -156,7 +164,7 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation]) 
         if verdict == "pass":
             result.unclaimed_passes += 1
             continue
-        expecting = expecting_entry(entries, impl, outcome, fired, error, version, torch_version)
+        expecting = expecting_entry(entries, impl, outcome, fired, error, version, torch_version, case, machine)
         if expecting is None:
             result.new.append(f"{impl} {shown}")
         else:
@@ -165,14 +173,40 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation]) 
 
 
 def expecting_entry(entries: Sequence[Expectation], impl: str, outcome: str, fired: Sequence[str], error: str,
-                    version: "str | None" = None, torch_version: "str | None" = None) -> Expectation | None:
+                    version: "str | None" = None, torch_version: "str | None" = None, case: Any = None,
+                    machine: "Machine | None" = None) -> Expectation | None:
     """The entry of `impl` (at `version`, on `torch_version`) that expects just this failure though
-    its cases do not reach the case: its outcome, its oracles among `fired`, its message.  Of
-    several, the one naming the most oracles (the first in the file among equals); None when no
-    entry expects it.  A pointer for a reader, never a verdict: the case stays a failure."""
-    expecting = [e for e in entries if fnmatch.fnmatchcase(impl, e.impl) and not e.expects_pass
-                 and e.applies_to(version, torch_version) and e.explains(outcome, list(fired), error)]
+    its cases do not reach the case: its outcome, its oracles among `fired`, its message.  A model
+    entry expects it where its model alone, outside the entry's scope (its facts and patterns),
+    predicts this failure for `case`; without a case, no model entry does.  Of several, the one
+    naming the most oracles (the first in the file among equals); None when no entry expects it.
+    A pointer for a reader, never a verdict: the case stays a failure."""
+    expecting = []
+    for entry in entries:
+        if (not fnmatch.fnmatchcase(impl, entry.impl) or entry.expects_pass
+                or not entry.applies_to(version, torch_version)):
+            continue
+        if entry.model is not None:
+            if case is None:
+                continue
+            alone = predict([entry.model], case, machine or LOCAL)
+            if alone.outcome == "pass":
+                continue
+            entry = dataclasses.replace(entry, outcomes=(alone.outcome,), oracles=alone.oracles,
+                                        message=alone.message, prediction=alone)
+        if entry.explains(outcome, list(fired), error):
+            expecting.append(entry)
     if not expecting:
         return None
     most = max(len(e.oracles) for e in expecting)
     return next(e for e in expecting if len(e.oracles) == most)
+
+
+def record_machine(record: Mapping[str, Any]) -> Machine:
+    """What the installed torch did where `record` ran, for the models: the facts the record keeps
+    (``machine_facts``), and where it ran on this torch, what this machine answers besides."""
+    torch_version = (record.get("env") or {}).get("torch")
+    facts = record.get("machine_facts")
+    import torch
+
+    return Machine(facts if isinstance(facts, Mapping) else None, probe=torch_version == torch.__version__)

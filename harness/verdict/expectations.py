@@ -40,6 +40,12 @@ applies to every version.  Pre-releases and dev builds count by their place in P
 (``0.20.0rc1`` is not ``<0.20``, ``0.19.3.dev0`` is ``>=0.19``); a version string that is not
 PEP 440 counts as unknown.
 
+An entry may name a ``model`` instead of ``outcome`` / ``oracles`` / ``message``: a behaviour of
+`models` with parameters, which says case by case whether and how the impl fails (its facts and
+patterns then only scope it).  The models of every entry of an impl that applies to a case compose
+(`models.predict`); `find` asks them together at the first of them in the file, and returns the
+deciding entry carrying the prediction as its expected failure.
+
 ``torch = ">=2.14"`` does the same for the torch under test (``torch.__version__`` where the case
 is judged), for an impl whose own version is not torch's: the bundled checkpoint and its controls
 behave differently where torch's RNG under capture changed (per-capture Philox state).
@@ -47,6 +53,7 @@ behave differently where torch's RNG under capture changed (per-capture Philox s
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import re
@@ -62,6 +69,7 @@ from ..errors import UsageError
 from ..model.case_facts import FACT_KEYS, check_facts, missed
 from ..model.matrix import generate
 from ..results import FAILED_OUTCOMES, ORACLES
+from .models import LOCAL, Machine, Model, ModelError, Prediction, parse_model, predict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,7 +79,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "cases" / "expectations.toml"
 OUTCOMES = ("pass", *FAILED_OUTCOMES)  # what an entry may expect
 ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "torch", "outcome", "oracles", "message", "name",
-              "unless", *FACT_KEYS}
+              "unless", "model", *FACT_KEYS}
+MODEL_DECIDES = ("outcome", "oracles", "message")  # what a model entry may not say: its model says it
 
 
 class ExpectationError(UsageError):
@@ -126,6 +135,11 @@ class Expectation:
     name: str = ""  # the bug's name
     number: int = 0  # the entry's place in its file (1-based)
     torch: str = ""  # PEP 440 specifier set on the torch under test; empty = every torch
+    model: "Model | None" = None  # the bug as a behaviour (`models`); facts and patterns only scope it
+    # Set on the entry `find` returns for a model: what the models of the impl predict for the case
+    # (outcomes, oracles and message above are that prediction) and the other entries it composes.
+    prediction: "Prediction | None" = None
+    also: tuple[str, ...] = ()
 
     @property
     def outcome(self) -> str:
@@ -144,6 +158,8 @@ class Expectation:
 
     def expected(self) -> str:
         """'mismatch (recompute-mask, gradient)' or "error matching 'TypeError'": what it expects."""
+        if self.model is not None and self.prediction is None:
+            return f"what its model predicts ({self.model.describe()})"
         parts = []
         for outcome in self.outcomes:
             if outcome == "mismatch" and self.oracles:
@@ -156,6 +172,8 @@ class Expectation:
 
     def signature(self) -> tuple:
         """What the entry expects (two entries claiming one case with different ones conflict)."""
+        if self.model is not None:
+            return ("model", self.model)
         return (self.outcomes, self.oracles, self.message)
 
     def explains(self, outcome: str, oracles: Iterable[str], error: str) -> bool:
@@ -211,7 +229,8 @@ class Expectation:
     def describe(self) -> str:
         ranges = [f"{key} {spec}" for key, spec in (("versions", self.versions), ("torch", self.torch)) if spec]
         where = f" ({', '.join(ranges)})" if ranges else ""
-        what = [*(f"{k}={_shown(v)}" for k, v in self.facts), *self.patterns]
+        what = [*(f"{k}={_shown(v)}" for k, v in self.facts), *self.patterns,
+                *([f"model {self.model.describe()}"] if self.model else [])]
         named = f" ({self.name})" if self.name else ""
         return f"{self.impl}{named}: {', '.join(what)}{where}"
 
@@ -256,8 +275,18 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
     if unknown:
         raise ExpectationError(f"{where} has unknown key {unknown[0]!r}; keys: {', '.join(sorted(ENTRY_KEYS))}")
     facts = check_facts(raw, where, ExpectationError)
-    if "cases" not in raw and not facts:
-        raise ExpectationError(f"{where} names no cases: give facts ({', '.join(FACT_KEYS)}) or cases patterns")
+    model = None
+    if "model" in raw:
+        try:
+            model = parse_model(raw["model"], where)
+        except ModelError as exc:
+            raise ExpectationError(str(exc)) from None
+        said = [key for key in MODEL_DECIDES if key in raw]
+        if said:
+            raise ExpectationError(f"{where} has a model and {said[0]}: its model says which failure a case shows")
+    elif "cases" not in raw and not facts:
+        raise ExpectationError(f"{where} names no cases: give facts ({', '.join(FACT_KEYS)}), cases patterns "
+                               "or a model")
     versions, torch_range = (_range(raw, key, where) for key in ("versions", "torch"))
     outcomes = _string_list(raw.get("outcome", "mismatch"), "outcome", where)
     bad_outcome = [o for o in outcomes if o not in OUTCOMES]
@@ -296,7 +325,7 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
         unless.append(tuple(check_facts(table, f"{where} unless", ExpectationError).items()))
     return Expectation(
         raw["impl"], patterns, raw["reason"], raw.get("issue", ""), versions, outcomes, oracles, message,
-        tuple(facts.items()), tuple(unless), name, number, torch_range,
+        tuple(facts.items()), tuple(unless), name, number, torch_range, model,
     )
 
 
@@ -328,7 +357,7 @@ def _entries(raw: Any, where: str, number: int = 0) -> list[Expectation]:
 
 def find(
     entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None,
-    torch_version: "str | None" = None,
+    torch_version: "str | None" = None, machine: "Machine | None" = None,
 ) -> Expectation | None:
     """The first entry expecting `impl` (at `version`) to fail `case` (a `Case` or a case id),
     or None.
@@ -336,23 +365,68 @@ def find(
     `version` is the impl's version (`adapter.version`); entries with a `versions` range match
     only when it is known and in range, entries without one match whatever it is.
     `torch_version`: the torch the case ran on, for `torch` ranges (default this process's).
+
+    A model entry claims the case where the models of every entry of the impl that applies to
+    it, composed (`models.predict`), predict a failure: the entry returned is the one whose
+    behaviour decides it, carrying that prediction as its expected failure.  Where they predict
+    a pass the entries after them are still asked.  `machine`: what the installed torch does,
+    for the models (default: asked here).
     """
+    entries = list(entries)
+    models_asked = False
     for entry in entries:
-        if entry.matches(impl, case) and entry.applies_to(version, torch_version):
+        if not (entry.matches(impl, case) and entry.applies_to(version, torch_version)):
+            continue
+        if entry.model is None:
             return entry
+        if not models_asked:
+            models_asked = True
+            found = predicted(entries, impl, case, version, torch_version, machine)
+            if found is not None:
+                return found
     return None
+
+
+def model_entries(entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None,
+                  torch_version: "str | None" = None) -> list[Expectation]:
+    """The model entries of `impl` that apply to `case` (scope and versions), in file order."""
+    return [e for e in entries if e.model is not None and e.matches(impl, case)
+            and e.applies_to(version, torch_version)]
+
+
+def predicted(entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None,
+              torch_version: "str | None" = None, machine: "Machine | None" = None) -> Expectation | None:
+    """The composed prediction of `impl`'s model entries for `case`, as the deciding entry with
+    the predicted failure (None where they predict a pass, or none applies)."""
+    found = _case(case)
+    applying = model_entries(entries, impl, case, version, torch_version)
+    if found is None or not applying:
+        return None
+    prediction = predict([e.model for e in applying], found, machine or LOCAL)  # type: ignore[misc]
+    if prediction.outcome == "pass":
+        return None
+    first = applying[prediction.causes[0]] if prediction.causes else applying[0]
+    return dataclasses.replace(
+        first, outcomes=(prediction.outcome,), oracles=prediction.oracles, message=prediction.message,
+        prediction=prediction, also=tuple(applying[i].label for i in prediction.causes[1:]))
 
 
 def explain(entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None) -> list[str]:
     """Which entry of `impl` claims `case` and why each other one does not, one line per entry
     of that impl, in file order ('matches' first-wins, 'also matches', or what it misses)."""
     lines, chosen = [], None
+    found = _case(case)
     for entry in entries:
         if not fnmatch.fnmatchcase(impl, entry.impl):
             continue
         misses = entry.misses(case) or entry.outside(version)
         if misses:
             lines.append(f"  no    {entry.label}: {'; '.join(misses)}")
+        elif entry.model is not None:
+            alone = predict([entry.model], found, LOCAL) if found is not None else None
+            said = ("predicts a pass: its bug cannot show here" if alone is None or alone.outcome == "pass"
+                    else f"predicts {_predicted(alone)}" + (f": {alone.why[0]}" if alone.why else ""))
+            lines.append(f"  model {entry.label}: {entry.model.describe()} {said}")
         elif chosen is None:
             chosen = entry
             lines.append(f"  MATCH {entry.label}: expects {entry.expected()}: {entry.reason.splitlines()[0]}")
@@ -360,6 +434,12 @@ def explain(entries: Iterable[Expectation], impl: str, case: Any, version: "str 
             also = "the same failure" if entry.signature() == chosen.signature() else f"{entry.expected()} (conflict)"
             lines.append(f"  also  {entry.label}: expects {also}")
     return lines
+
+
+def _predicted(prediction: Prediction) -> str:
+    if prediction.outcome == "mismatch":
+        return f"mismatch ({', '.join(prediction.oracles)})"
+    return f"{prediction.outcome} matching {prediction.message!r}"
 
 
 def unmatched(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[Expectation]:
@@ -370,9 +450,12 @@ def unmatched(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[Expe
 
 def conflicts(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[str]:
     """One line per case that two entries of one impl (and the same version ranges) both claim with
-    different expected failures: the first would win without a word."""
+    different expected failures: the first would win without a word.  Model entries compose
+    instead of conflicting (`models.predict`), so they are left out."""
     by_impl: dict[tuple[str, str], list[Expectation]] = {}
     for entry in entries:
+        if entry.model is not None:
+            continue
         by_impl.setdefault((entry.impl, entry.versions, entry.torch), []).append(entry)
     lines = []
     for (impl, _, _), group in by_impl.items():

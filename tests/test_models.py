@@ -1,0 +1,183 @@
+"""Known bugs as models (issue 40): each behaviour's prediction on small cases, checked against what
+the impl it describes really does on the CPU, their composition, and malformed model tables."""
+
+from __future__ import annotations
+
+import pytest
+from machines import h200_torch_2_11
+
+from harness import impls
+from harness.model.cases import parse_case_id
+from harness.run import runner
+from harness.verdict import expectations
+from harness.verdict.models import Machine, Model, ModelError, parse_model, predict
+
+
+def model(**raw) -> Model:
+    return parse_model(raw, "test")
+
+
+def predicted(case_id: str, *models: Model, machine: Machine | None = None) -> tuple:
+    found = predict(list(models), parse_case_id(case_id), machine or Machine(probe=False))
+    return (found.outcome, found.oracles) if found.outcome != "error" else (found.outcome, found.message)
+
+
+TRACKER = model(behaviour="unsaved-streams", streams="tracker")
+EVERY_STREAM = model(behaviour="unsaved-streams", streams="all")
+NO_RESTORE = model(behaviour="not-restored", streams="all")
+EARLY = model(behaviour="early-stop")
+ALL_FIVE = ("forward-mask", "recompute-mask", "gradient", "live-stream", "output")
+
+
+def test_an_unsaved_stream_fails_where_a_region_draws_it_and_nowhere_else():
+    assert predicted("nonreentrant-tracked-eager-flat-none-cpu", TRACKER) == ("mismatch", ALL_FIVE)
+    assert predicted("nonreentrant-default-eager-flat-none-cpu", TRACKER) == ("pass", ())
+    # drawn outside every region only: no recompute draws it
+    assert predicted("nonreentrant-mixed-eager-(native_dropout@d)+native_dropout@t-none-cpu", TRACKER) == ("pass", ())
+    assert predicted("nonreentrant-tracked-eager-(dropout_p0)-none-cpu", TRACKER) == ("pass", ())  # draws nothing
+    # one iteration: no later forward to show the stream ahead
+    assert predicted("nonreentrant-tracked-eager-x2:(native_dropout)-none-cpu", TRACKER)[1] == ALL_FIVE
+
+
+def test_an_unsaved_stream_scoped_by_passing_leaves_other_regions_alone():
+    keyword = model(behaviour="unsaved-streams", streams="device", passing=["keyword", "closure"])
+    assert predicted("nonreentrant-default-eager-(native_dropout)-none-cuda", keyword) == ("pass", ())
+    assert predicted("nonreentrant-default-eager-keyword(native_dropout)-none-cuda", keyword)[0] == "mismatch"
+    # an inner positional region inside a keyword one: its recompute inherits the live stream
+    assert predicted("nonreentrant-default-eager-keyword((native_dropout))-none-cuda", keyword)[0] == "mismatch"
+
+
+def test_a_stream_left_where_the_recompute_ended_shows_only_once_something_draws_in_between():
+    assert predicted("nonreentrant-default-eager-flat-none-cpu", NO_RESTORE) == ("pass", ())
+    assert predicted("nonreentrant-default-eager-flat-draws-cpu", NO_RESTORE)[0] == "mismatch"
+    assert predicted("nonreentrant-default-eager-siblings-none-cpu", NO_RESTORE)[0] == "mismatch"
+    # a region that draws nothing, with interleaved draws: the rewind loses them
+    assert predicted("nonreentrant-default-eager-(dropout_p0)-draws-cpu", NO_RESTORE) == ("mismatch", ("live-stream",))
+
+
+def test_a_saved_first_rng_op_shifts_the_next_draw_of_its_stream_only():
+    first = model(behaviour="saved-rng-ops", first=True)
+    assert predicted("nonreentrant-default-eager-(native_dropout+native_dropout)-none-cpu", first, EARLY) == (
+        "mismatch", ("recompute-mask", "gradient"))
+    assert predicted("nonreentrant-default-eager-(native_dropout)-none-cpu", first, EARLY) == ("pass", ())
+    # the next draw is on another stream: nothing shifts
+    assert predicted("nonreentrant-mixed-eager-(native_dropout+native_dropout)-none-cpu", first, EARLY) == ("pass", ())
+
+
+def test_a_saved_in_place_rng_op_raises_and_the_error_wins_over_any_mismatch():
+    first = model(behaviour="saved-rng-ops", first=True, mutated_message="^RuntimeError: Tensor cached")
+    assert predicted("nonreentrant-tracked-eager-(bernoulli_+native_dropout)-none-cpu", first, TRACKER) == (
+        "error", "^RuntimeError: Tensor cached")
+
+
+def test_an_input_a_reentrant_checkpoint_cannot_see():
+    invisible = model(behaviour="input-invisible", passing=["list", "dict"], message="^RuntimeError")
+    # nothing after it: backward raises at once
+    assert predicted("reentrant-default-eager-list(native_dropout)-none-cpu", invisible)[0] == "error"
+    # a site after it: the gradients are silently missing, and its site is never recomputed
+    assert predicted("reentrant-default-eager-list(native_dropout)+native_dropout-none-cpu", invisible) == (
+        "mismatch", ("recompute-mask", "gradient"))
+    # inside a region whose recompute reruns it: drawn again there, so only the gradients
+    assert predicted("reentrant-default-eager-(list(native_dropout)+native_dropout)-none-cpu", invisible) == (
+        "mismatch", ("gradient",))
+    assert predicted("nonreentrant-default-eager-list(native_dropout)-none-cpu", invisible) == ("pass", ())
+
+
+def test_a_context_the_recompute_does_not_replay_depends_on_what_this_machine_picks():
+    context = model(behaviour="context-not-replayed", context="sdpa_kernel", message="^CheckpointError")
+    h200 = h200_torch_2_11()
+    pinned_math = "nonreentrant-default-eager-(sdpa_kernel(sdpa_math))-none-cuda"
+    assert predicted(pinned_math, context, machine=h200) == ("error", "^CheckpointError")
+    # memory-efficient is the H200's own choice for float32: nothing differs
+    assert predicted("nonreentrant-default-eager-(sdpa_kernel(sdpa_efficient))-none-cuda", context,
+                     machine=h200) == ("pass", ())
+    assert predicted("reentrant-default-eager-(sdpa_kernel(sdpa_math))-none-cuda", context, machine=h200) == (
+        "mismatch", ("recompute-mask", "gradient"))
+    # a machine that cannot be asked does not know: no difference is claimed
+    assert predicted(pinned_math, context, machine=Machine(probe=False)) == ("pass", ())
+    # the CPU picks math with dropout (no difference) and flash without (asked of this torch)
+    assert predicted("nonreentrant-default-eager-(sdpa_kernel(sdpa_math))-none-cpu", context,
+                     machine=Machine()) == ("pass", ())
+    assert predicted("nonreentrant-default-eager-(sdpa_kernel(sdpa_math+sdpa_auto))-none-cpu", context,
+                     machine=Machine())[0] == "error"
+
+
+@pytest.mark.parametrize("impl, case_id", [
+    ("neg-ignore-tracker", "nonreentrant-mixed-eager-siblings-draws-cpu"),
+    ("neg-no-rewind", "reentrant-shared-eager-nested-none-cpu"),
+    ("neg-no-restore", "reentrant-default-eager-(native_dropout)+(native_dropout)-none-cpu"),
+    ("neg-no-restore", "nonreentrant-default-eager-((native_dropout))-draws-cpu"),
+    ("neg-extra-draw", "nonreentrant-mixed-eager-deep-none-cpu"),
+    ("neg-stale-rng", "nonreentrant-default-eager-x3:(native_dropout)-none-cpu"),
+    ("torch", "nonreentrant-tracked-eager-deep-none-cpu"),
+    ("torch", "reentrant-tracked-eager-list(native_dropout)+(native_dropout)-none-cpu"),
+    ("torch", "reentrant-tracked-eager-(native_dropout)+list(native_dropout)+native_dropout-none-cpu"),
+    ("torch", "reentrant-tracked-eager-list(native_dropout)&(native_dropout)-none-cpu"),
+    ("torch-sac-save-first-rng", "nonreentrant-default-eager-((native_dropout+native_dropout)+rand)-none-cpu"),
+    ("torch-sac-titan", "nonreentrant-tracked-eager-(rand+(native_dropout))-none-cpu"),
+])
+def test_the_prediction_is_what_the_impl_does(impl, case_id):
+    # The models against the real thing: the oracles a model predicts are those the run fires
+    # (the prediction names every oracle it expects; the run must fire exactly those of them that
+    # are RNG oracles, and the model must not predict a failure where the run passes).
+    case = parse_case_id(case_id)
+    entry = expectations.find(expectations.load(), impl, case)
+    result = runner.run(case, impls.load(impl))
+    fired = {m.oracle for m in result.mismatches}
+    if entry is None:
+        assert result.outcome.value == "pass", (result.outcome, fired)
+        return
+    assert entry.prediction is not None, entry.label
+    assert result.outcome.value == entry.outcome, (result.outcome, result.error, fired)
+    if entry.outcome == "mismatch":
+        assert set(entry.oracles) == fired - {"ambient", "identity", "buffer"}, (entry.oracles, fired)
+
+
+def test_composition_says_which_entries_decide():
+    # torch in a tracked reentrant case with a list region after a positional one: the list region's
+    # error (nothing after it) comes before any tracker mismatch could show
+    entries = expectations.load()
+
+    def find(program: str):
+        return expectations.find(entries, "torch", f"reentrant-tracked-eager-{program}-none-cpu")
+
+    entry = find("(native_dropout)+list(native_dropout)")
+    assert entry.name == "torch-reentrant-container" and entry.outcome == "error"
+    # with a site after it, no gradient reaches the first region: it is never recomputed, so the
+    # tracker bug cannot show there; the container's mismatch alone
+    entry = find("(native_dropout)+list(native_dropout)+native_dropout")
+    assert (entry.name, entry.outcome, entry.oracles, entry.also) == (
+        "torch-reentrant-container", "mismatch", ("recompute-mask", "gradient"), ())
+    # the other way round, the second region's input does not require grad either: backward raises
+    entry = find("list(native_dropout)+(native_dropout)")
+    assert (entry.name, entry.outcome) == ("torch-reentrant-container", "error")
+    # side by side, the positional region is recomputed with the tracker live: both show
+    entry = find("list(native_dropout)&(native_dropout)")
+    assert entry.outcome == "mismatch" and entry.also == ("torch-ignores-tracker",), entry
+    assert entry.oracles == ALL_FIVE
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"streams": "tracker"}, "must be a table with a behaviour"),
+    ({"behaviour": "nope"}, "behaviour 'nope' is none of"),
+    ({"behaviour": "unsaved-streams"}, "needs streams"),
+    ({"behaviour": "unsaved-streams", "streams": "gpu"}, "streams 'gpu' is none of"),
+    ({"behaviour": "unsaved-streams", "streams": "tracker", "oracles": ["x"]}, "has no parameter 'oracles'"),
+    ({"behaviour": "saved-rng-ops"}, "needs one of ops"),
+    ({"behaviour": "saved-rng-ops", "first": True, "every": True}, "needs one of ops"),
+    ({"behaviour": "refuses-input", "passing": "keyword", "message": "("}, "is not a regular expression"),
+])
+def test_a_malformed_model_is_one_line(raw, message):
+    with pytest.raises(ModelError, match=message):
+        parse_model(raw, "entry 1")
+
+
+def test_an_entry_with_a_model_says_no_outcome_of_its_own(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\nimpl = "torch"\nmodel = { behaviour = "unsaved-streams", streams = "tracker" }\n'
+                    'oracles = ["gradient"]\nreason = "r"\n')
+    with pytest.raises(expectations.ExpectationError, match="has a model and oracles"):
+        expectations.load(path)
+    path.write_text('[[expect]]\nimpl = "torch"\nmodel = { behaviour = "early" }\nreason = "r"\n')
+    with pytest.raises(expectations.ExpectationError, match="behaviour 'early' is none of"):
+        expectations.load(path)
