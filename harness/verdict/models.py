@@ -64,12 +64,17 @@ BEHAVIOURS = {
     "not-restored": {"streams"},
     "extra-draw": {"streams"},
     "rewound-after-forward": {"streams"},
+    "snapshot-slots": {"slots"},
+    "snapshots-frozen": {"after_steps"},
+    "inert-fork": {"message"},
+    "leaks-ambient": {"undone_by"},
     "early-stop": set(),
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
             "input-invisible": {"passing", "message"}, "context-not-replayed": {"context", "message"},
             "saved-rng-ops": set(), "not-restored": {"streams"}, "extra-draw": {"streams"}, "early-stop": set(),
-            "rewound-after-forward": {"streams"}}
+            "rewound-after-forward": {"streams"}, "snapshot-slots": {"slots"},
+            "snapshots-frozen": {"after_steps"}, "inert-fork": {"message"}, "leaks-ambient": set()}
 STREAM_KINDS = ("tracker", "device", "cpu", "all")
 CONTEXTS = ("sdpa_kernel",)
 ATTENTION = frozenset([*SDPA_OPS, Op.SDPA_AUTO])
@@ -88,6 +93,7 @@ State = defaultdict  # stream -> the draws it made, in order (`replay`)
 RECORDS_THE_DRAW = frozenset(op.value for op in (
     Op.NATIVE_DROPOUT, Op.BERNOULLI, Op.RAND, Op.RANDN, Op.RAND_LIKE, Op.RANDN_LIKE, Op.RANDINT, Op.NORMAL,
     Op.UNIFORM, Op.MULTINOMIAL, Op.RANDPERM, Op.POISSON, Op.EXPONENTIAL))
+TRACKER_CODES = frozenset("tab")  # the stream codes a tracker holds (`programs.STREAMS`)
 PINNED = {Op.SDPA_MATH: "math", Op.SDPA_EFFICIENT: "efficient", Op.SDPA_FLASH: "flash", Op.SDPA_CUDNN: "cudnn"}
 # Error phases, in the order they happen (the earliest wins).
 FORWARD, BACKWARD_START, RECOMPUTE = 0, 1, 2
@@ -146,13 +152,17 @@ def parse_model(raw: Any, where: str) -> Model:
             except re.error as exc:
                 raise ModelError(f"{where} model {key} {value!r} is not a regular expression: {exc}") from None
             params[key] = value
+        elif key in ("slots", "after_steps"):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ModelError(f"{where} model {key} must be a positive integer, not {value!r}")
+            params[key] = value
         elif key in ("first", "every"):
             if not isinstance(value, bool):
                 raise ModelError(f"{where} model {key} must be true or false")
             params[key] = value
         else:
             known = {"streams": STREAM_KINDS, "passing": [p.value for p in Passing], "context": CONTEXTS,
-                     "ops": [o.value for o in Op]}[key]
+                     "ops": [o.value for o in Op], "undone_by": [p.value for p in Passing]}[key]
             items = value if isinstance(value, list) else [value]
             bad = [v for v in items if v not in known]
             if not items or bad:
@@ -192,6 +202,16 @@ class Machine:
 LOCAL = Machine()
 
 
+@dataclass
+class Frame:
+    """One checkpoint call in the replay: its snapshot, and where the impl keeps it (a slot of a
+    fixed pool, the ordinal of the call in its step), None where it keeps its own."""
+
+    state: Any
+    slot: "int | None" = None
+    ordinal: "int | None" = None
+
+
 @dataclass(frozen=True)
 class Raised:
     """An error a behaviour predicts: when (phase, then order within it), what, and why."""
@@ -214,6 +234,8 @@ class Effects:
     not_restored: dict[str, int] = field(default_factory=dict)  # stream -> entry index
     extra: dict[str, int] = field(default_factory=dict)  # stream -> entry index
     rewound: dict[str, int] = field(default_factory=dict)  # stream -> entry index
+    slots: "tuple[int, int] | None" = None  # `snapshot-slots`: how many, entry index
+    frozen: "tuple[int, int] | None" = None  # `snapshots-frozen`: refreshed in this many steps, entry index
     early_stop: bool = False
     raised: list[tuple[Raised, int]] = field(default_factory=list)
     mismatch: dict[str, set[int]] = field(default_factory=dict)  # oracle -> entry indexes
@@ -360,6 +382,30 @@ def _effects(models: Sequence[Model], case: Case, machine: Machine) -> Effects:
         elif name == "rewound-after-forward":
             for stream in _kinds(model.get("streams"), device):
                 effects.rewound.setdefault(stream, index)
+        elif name == "snapshot-slots":
+            effects.slots = effects.slots or (model.get("slots"), index)
+        elif name == "snapshots-frozen":
+            effects.frozen = effects.frozen or (model.get("after_steps"), index)
+        elif name == "inert-fork":
+            code = case.streams()
+            tracked = [site for site in program.sites() if _draws(site) and code[site.name] in TRACKER_CODES]
+            if tracked or case.layout.value == "shared":
+                why = (f"{tracked[0].name} draws from {code[tracked[0].name]}, but fork() switches to no stream"
+                       if tracked else "the shared layout's alias probe forks both names")
+                effects.raised.append((Raised(FORWARD, -1, model.get("message"), why), index))
+        elif name == "leaks-ambient":
+            undone = {Passing(p) for p in model.get("undone_by", ())}
+            enclosing = _enclosing(program.items())
+            for region in program.all_regions():
+                walk, inside = region, False
+                while walk is not None and not inside:
+                    inside = walk.passing in undone
+                    walk = enclosing.get(id(walk))
+                if not inside:
+                    effects.fails("ambient", index, f"{region.name}'s checkpoint leaves the leaked state behind"
+                                  + (f" (no {'/'.join(sorted(p.value for p in undone))} context around it puts "
+                                     "it back)" if undone else ""))
+                    break
         elif name == "early-stop":
             effects.early_stop = True
     if effects.invisible:
@@ -537,19 +583,53 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
         for oracle in oracles:
             causes.setdefault(oracle, set()).add(cause)
 
-    def enter(snapshots: dict[int, State], region: Region) -> None:
-        """A checkpoint call: its extra draws, then its snapshot."""
+    # Where snapshots are kept (`snapshot-slots`, `snapshots-frozen`): a region's recompute
+    # rewinds to what its ticket finds there, which may be another region's or step's state.
+    slots: list[State] = [State(tuple)] * (effects.slots[0] if effects.slots else 0)
+    pending: list[int] = []  # slots in use, oldest first
+    by_ordinal: dict[int, State] = {}  # `snapshots-frozen`: the state kept per region call of a step
+    step = {"number": 0, "ordinal": 0, "recomputing": 0}
+
+    def enter(snapshots: dict[int, Frame], region: Region) -> None:
+        """A checkpoint call: its extra draws, then its snapshot (and where it keeps it)."""
         for stream, index in effects.extra.items():
             ck[stream] += ("extra",)
             moved_by.setdefault(stream, index)
             notes.setdefault(index, f"{region.name}'s checkpoint draws from {stream} before its snapshot")
-        snapshots[id(region)] = State(tuple, ck)
+        frame = Frame(State(tuple, ck))
+        if effects.slots:
+            free = [n for n in range(len(slots)) if n not in pending]
+            frame.slot = free[0] if free else pending.pop(0)  # no free slot: the oldest is overwritten
+            slots[frame.slot] = frame.state
+            pending.append(frame.slot)
+        if effects.frozen and not step["recomputing"]:
+            frame.ordinal = step["ordinal"]
+            step["ordinal"] += 1
+            if step["number"] < effects.frozen[0]:
+                by_ordinal[frame.ordinal] = frame.state
+        snapshots[id(region)] = frame
 
-    def leave(snapshots: dict[int, State], region: Region) -> None:
+    def target(frame: Frame, region: Region) -> tuple[State, int]:
+        """The state a recompute rewinds to, and the entry whose store gave another than its own."""
+        found, index = frame.state, -1
+        if frame.slot is not None:
+            found = slots[frame.slot]
+            if frame.slot in pending:
+                pending.remove(frame.slot)
+            index = effects.slots[1] if found is not frame.state else -1  # type: ignore[index]
+        if frame.ordinal is not None and frame.ordinal in by_ordinal:
+            found = by_ordinal[frame.ordinal]
+            index = effects.frozen[1] if found is not frame.state else -1  # type: ignore[index]
+        if index >= 0:
+            notes.setdefault(index, f"{region.name}'s recompute rewinds to a snapshot another checkpoint call took")
+        return found, index
+
+    def leave(snapshots: dict[int, Frame], region: Region) -> None:
         """A checkpoint call returns: the streams `rewound-after-forward` puts back where it began."""
+        began = snapshots[id(region)].state
         for stream, index in effects.rewound.items():
-            if ck[stream] != snapshots[id(region)][stream]:
-                ck[stream] = snapshots[id(region)][stream]
+            if ck[stream] != began[stream]:
+                ck[stream] = began[stream]
                 moved_by.setdefault(stream, index)
                 notes.setdefault(index, f"after {region.name}'s forward {stream} is put back where it was")
 
@@ -557,13 +637,14 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
     ref, ck = State(tuple), State(tuple)
     moved_by: dict[str, int] = {}  # stream -> the entry whose behaviour first moved it off the reference
     last_fwd: dict[str, int] = {}
-    for _ in range(program.iterations):
+    for iteration in range(program.iterations):
+        step.update(number=iteration, ordinal=0)
         ref_fwd: dict[str, int] = {}
         for site in program.sites():
             if _draws(site):
                 ref_fwd[site.name] = ref[key[site.name]]
                 ref[key[site.name]] += (token[site.name],)
-        snaps: dict[int, State] = {}
+        snaps: dict[int, Frame] = {}
         ck_fwd: dict[str, int] = {}
 
         def forward(items: Sequence[Any]) -> None:
@@ -588,12 +669,13 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                 ref[stream] += ("interleaved",)
                 ck[stream] += ("interleaved",)
 
-        def recompute(region: Region, snap: State) -> None:
+        def recompute(region: Region, frame: Frame) -> None:
             if reached is not None and id(region) not in reached:
                 return
             free = unsaved(region)
             saved_out = effects.saved_sites.get(id(region), {})
             before = State(tuple, ck)
+            snap, stored_by = target(frame, region)
             for stream in keys:
                 if stream not in free:
                     ck[stream] = snap[stream]
@@ -601,7 +683,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             mine = {id(item) for item in region.items if not isinstance(item, Region)}
             last = max((n for n, site in enumerate(order) if id(site) in mine), default=-1)
             stop = order[last] if early and last >= 0 else None
-            inner_snaps: dict[int, State] = {}
+            inner_snaps: dict[int, Frame] = {}
             shift: dict[str, int] = {}  # stream -> the entry whose saved op shifted it in this pass
 
             def rerun(items: Sequence[Any]) -> bool:
@@ -619,8 +701,13 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                             shift.setdefault(stream, saved_out[item.name])
                         else:
                             if ck[stream] != ck_fwd[item.name]:
-                                cause = free.get(stream, shift.get(stream, moved_by.get(stream, -1)))
-                                fail(("recompute-mask", "gradient"), cause)
+                                cause = free.get(stream, shift.get(stream, stored_by if stored_by >= 0
+                                                                   else moved_by.get(stream, -1)))
+                                # Non-reentrant, a draw the region's own saved tensors do not
+                                # depend on (an inner region's site after the region's last own
+                                # site: that inner region recomputes its own) changes no gradient.
+                                used = reentrant or id(item) in mine or order.index(item) < last
+                                fail(("recompute-mask", "gradient") if used else ("recompute-mask",), cause)
                                 how = ("from where the stream is live: the checkpoint does not save it"
                                        if stream in free else "shifted: an earlier draw of its stream was "
                                        "saved by the policy, not rerun" if stream in shift else "at another position")
@@ -634,7 +721,9 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                 return False
 
             if not early or stop is not None:
+                step["recomputing"] += 1
                 rerun(region.items)
+                step["recomputing"] -= 1
             for stream in keys:
                 if stream in effects.not_restored and stream not in free and ck[stream] != before[stream]:
                     index = effects.not_restored[stream]
@@ -679,7 +768,7 @@ def predict(models: Sequence[Model], case: Case, machine: Machine = LOCAL) -> Pr
     deciding = sorted({i for found in causes.values() for i in found if i >= 0})
     why = [line for i in deciding for line in effects.why.get(i, [])]
     oracles = tuple(oracle for oracle in ("forward-mask", "recompute-mask", "gradient", "live-stream", "output",
-                                          "fresh-randomness") if oracle in causes)
+                                          "fresh-randomness", "ambient") if oracle in causes)
     return Prediction("mismatch", oracles, causes=tuple(deciding), why=tuple(why))
 
 
