@@ -23,12 +23,13 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`):
     way gets no gradient path, its recompute never runs and nothing upstream of it gets a
     gradient; backward raises where the loss, or an enclosing reentrant region's output, no
     longer requires grad (``message`` matches both errors).
-``context-not-replayed`` (``context``: ``sdpa_kernel``; ``message``)
+``context-not-replayed`` (``context``: ``sdpa_kernel`` or ``autocast``; ``message``)
     the recompute runs outside the context the region was entered under: an attention site runs
-    on the backend torch picks by itself on this machine (`Machine.backend`).  Where that is
-    another backend, a non-reentrant recompute raises (``message``: torch's metadata check, or
-    selective checkpointing's storage lookup) and a reentrant one gives other gradients (and
-    another mask where the site draws).
+    on the backend torch picks by itself on this machine (`Machine.backend`); the matmul an
+    autocast region starts with runs in the program's dtype.  Where that changes anything, a
+    non-reentrant recompute raises where the entry gives a ``message`` (torch's metadata check,
+    selective checkpointing's storage lookup), and otherwise the gradients differ (and a mask
+    where the changed site draws).
 ``saved-rng-ops`` (``ops``, ``first = true`` or ``every = true``; ``mutated_message``)
     a selective policy saves these RNG ops' outputs (or every region's first RNG op, its inner
     regions' included; or every RNG op): the recompute does not rerun them, so every later draw of the same stream
@@ -71,12 +72,12 @@ BEHAVIOURS = {
     "early-stop": set(),
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
-            "input-invisible": {"passing", "message"}, "context-not-replayed": {"context", "message"},
+            "input-invisible": {"passing", "message"}, "context-not-replayed": {"context"},
             "saved-rng-ops": set(), "not-restored": {"streams"}, "extra-draw": {"streams"}, "early-stop": set(),
             "rewound-after-forward": {"streams"}, "snapshot-slots": {"slots"},
             "snapshots-frozen": {"after_steps"}, "inert-fork": {"message"}, "leaks-ambient": set()}
 STREAM_KINDS = ("tracker", "device", "cpu", "all")
-CONTEXTS = ("sdpa_kernel",)
+CONTEXTS = ("sdpa_kernel", "autocast")
 ATTENTION = frozenset([*SDPA_OPS, Op.SDPA_AUTO])
 # Ops whose RNG output the op itself changes in place right after drawing (bernoulli_ then div_),
 # per device type: what selective checkpointing refuses to hand back from its cache.  On the CPU
@@ -372,7 +373,7 @@ def _effects(models: Sequence[Model], case: Case, machine: Machine) -> Effects:
             for passing in model.get("passing"):
                 effects.invisible.setdefault(Passing(passing), (index, model.get("message")))
         elif name == "context-not-replayed":
-            _context_effects(case, machine, model.get("message"), index, order, effects, reentrant)
+            _context_effects(case, machine, model, index, order, effects, reentrant)
         elif name == "not-restored":
             for stream in _kinds(model.get("streams"), device):
                 effects.not_restored.setdefault(stream, index)
@@ -508,28 +509,42 @@ def _reached(items: Sequence[Any], arrives: bool, invisible: frozenset[Passing],
     return reached, arrives
 
 
-def _context_effects(case: Case, machine: Machine, message: str, index: int, order: dict[int, int],
+def _context_effects(case: Case, machine: Machine, model: Model, index: int, order: dict[int, int],
                      effects: Effects, reentrant: bool) -> None:
-    device = case.device.value
-    for region in case.program.all_regions():
-        if region.passing is not Passing.SDPA_KERNEL:
-            continue
-        for site in region.sites():
-            if site.op not in ATTENTION or site.own_backend:
+    """What a recompute outside the region's context changes: under ``sdpa_kernel``, an attention
+    site on another backend (this machine's own choice); under ``autocast``, the region's first
+    matmul in the program's dtype instead of bfloat16 (nothing changes for a bfloat16 program).
+    Non-reentrant with a ``message``, the recompute raises; otherwise other gradients (and another
+    mask where the changed site draws)."""
+    device, message = case.device.value, model.get("message")
+    changed: list[tuple[Region, str, bool]] = []  # region, why, whether a draw changes
+    if model.get("context") == ("autocast",):
+        if case.program.dtype.value != "bf16":
+            changed += [(region, f"{region.name}'s matmul ran in bfloat16 under autocast in forward; the "
+                                 f"recompute, outside it, runs it in {case.program.dtype.value}", False)
+                        for region in case.program.all_regions() if region.passing is Passing.AUTOCAST]
+    else:
+        pinned_of = _pinned(case.program)
+        for region in case.program.all_regions():
+            if region.passing is not Passing.SDPA_KERNEL:
                 continue
-            pinned = PINNED.get(region.backend) if region.backend else None
-            chosen = machine.backend(device, site, case.shape)
-            if chosen is None or pinned is None or chosen == pinned:
-                continue
-            why = (f"{site.name} ran on {pinned} under sdpa_kernel in forward; the recompute, outside it, "
-                   f"runs on {chosen} (this machine's choice for {site.dtype.value}"
-                   f"{' with dropout' if _draws(site) else ' without dropout'})")
-            if reentrant:
-                effects.fails("gradient", index, why)
-                if _draws(site):
-                    effects.fails("recompute-mask", index)
-            else:
-                effects.raised.append((Raised(RECOMPUTE, order[id(region)], message, why), index))
+            for site in region.sites():
+                if site.op not in ATTENTION or site.own_backend or site.name not in pinned_of:
+                    continue
+                pinned = PINNED.get(pinned_of[site.name])
+                chosen = machine.backend(device, site, case.shape)
+                if chosen is None or pinned is None or chosen == pinned:
+                    continue
+                changed.append((region, f"{site.name} ran on {pinned} under sdpa_kernel in forward; the recompute, "
+                                        f"outside it, runs on {chosen} (this machine's choice for {site.dtype.value}"
+                                        f"{' with dropout' if _draws(site) else ' without dropout'})", _draws(site)))
+    for region, why, draws in changed:
+        if message and not reentrant:
+            effects.raised.append((Raised(RECOMPUTE, order[id(region)], message, why), index))
+        else:
+            effects.fails("gradient", index, why)
+            if draws:
+                effects.fails("recompute-mask", index)
 
 
 def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> dict[str, set[int]]:
