@@ -181,3 +181,25 @@ def test_an_entry_with_a_model_says_no_outcome_of_its_own(tmp_path):
     path.write_text('[[expect]]\nimpl = "torch"\nmodel = { behaviour = "early" }\nreason = "r"\n')
     with pytest.raises(expectations.ExpectationError, match="behaviour 'early' is none of"):
         expectations.load(path)
+
+
+def test_expectations_diff_lists_the_cells_another_file_claims_otherwise(tmp_path, capsys):
+    from harness.fronts.cli import main
+
+    h200 = ["--machine", "cases/machines/h200-torch2.11.json", "--device", "cpu"]
+    same = main(["expectations", "diff", str(expectations.DEFAULT_PATH), *h200])
+    assert same == 0 and capsys.readouterr().out.strip().endswith("0 claimed differently (none)")
+    # the negative control: the tracker model scoped to one layout claims fewer cells
+    text = expectations.DEFAULT_PATH.read_text()
+    narrowed = text.replace('model = { behaviour = "unsaved-streams", streams = "tracker" }',
+                            'layout = "mixed"\nmodel = { behaviour = "unsaved-streams", streams = "tracker" }', 1)
+    assert narrowed != text
+    path = tmp_path / "old.toml"
+    path.write_text(narrowed)
+    assert main(["expectations", "diff", str(path), *h200]) == 1
+    out = capsys.readouterr().out
+    assert "torch (cpu): nothing  ->  mismatch (forward-mask, recompute-mask, gradient, live-stream, output)" in out
+    bad = tmp_path / "facts.json"
+    bad.write_text("{")
+    assert main(["expectations", "diff", str(path), "--machine", str(bad)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: cannot read machine facts {bad}")

@@ -290,7 +290,17 @@ def _parser() -> argparse.ArgumentParser:
     p_audit.add_argument("--keep", metavar="FILE.jsonl.gz", default=None,
                          help="also write the records read, reduced to what the audit reads and gzipped: the form "
                               "cases/records/ keeps as data")
-    for p in (p_explain, p_conflicts, p_audit):
+    p_diff = exp_sub.add_parser("diff", help="the cells of the default matrices that another expectations file "
+                                             "claims differently (exit 1 when any)")
+    p_diff.add_argument("old", metavar="OLD.toml", help="the expectations file to compare with (e.g. git show "
+                                                        "REV:cases/expectations.toml > old.toml)")
+    p_diff.add_argument("--device", default="cpu,cuda", help="the matrices to compare on (default cpu,cuda)")
+    p_diff.add_argument("--machine", default=None, metavar="FACTS.json",
+                        help="what the installed torch does there, for the models (e.g. "
+                             "cases/machines/h200-torch2.11.json; default: ask this machine's torch)")
+    p_diff.add_argument("--torch", default=None, metavar="VERSION",
+                        help="the torch version to judge for (torch ranges; default this process's)")
+    for p in (p_explain, p_conflicts, p_audit, p_diff):
         p.add_argument("--expectations", default=None, metavar="FILE",
                        help="expectations file (default cases/expectations.toml)")
 
@@ -874,6 +884,8 @@ def cmd_expectations(args: argparse.Namespace) -> int:
         return 0
     if args.action == "audit":
         return _audit(args, entries)
+    if args.action == "diff":
+        return _diff(args, entries)
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
     bad = [d for d in devices if d not in ("cpu", "cuda")]
     if bad:
@@ -881,6 +893,31 @@ def cmd_expectations(args: argparse.Namespace) -> int:
     lines = expectations_mod.conflicts(entries, [c for d in devices for c in generate(device=d)])
     print("\n".join(lines) if lines else "no conflicts")
     return 1 if lines else 0
+
+
+def _diff(args: argparse.Namespace, entries: list[Any]) -> int:
+    """`expectations diff`: the cells of the default matrices OLD claims otherwise than the file."""
+    from ..verdict import diff
+
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    bad = [d for d in devices if d not in ("cpu", "cuda")]
+    if bad or not devices:
+        raise UsageError(f"unknown device {bad[0] if bad else args.device!r}; valid values: cpu, cuda")
+    if args.torch is not None:
+        try:
+            Version(args.torch.strip())
+        except InvalidVersion:
+            raise UsageError(f"--torch {args.torch!r} is not a PEP 440 version (e.g. 2.11.0)") from None
+    old = expectations_mod.load(args.old)
+    found = diff.claim_diff(old, entries, sorted(impls.registered()),
+                            [case for device in devices for case in generate(device=device)],
+                            diff.load_machine(args.machine), args.torch)
+    for key, count in sorted(found.groups.items()):
+        impl, device, before, after = key
+        print(f"{count:5} {impl} ({device}): {before}  ->  {after}   e.g. {found.examples[key]}")
+    print(f"{found.cells} cells of the default {'/'.join(devices)} matrices: "
+          f"{found.changed} claimed differently" + ("" if found.changed else " (none)"))
+    return 1 if found.changed else 0
 
 
 def _audit(args: argparse.Namespace, entries: list[Any]) -> int:
