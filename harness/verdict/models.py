@@ -215,12 +215,14 @@ class Frame:
 
 @dataclass(frozen=True)
 class Raised:
-    """An error a behaviour predicts: when (phase, then order within it), what, and why."""
+    """An error a behaviour predicts: when (phase, then the rank of the region whose recompute
+    raises, then the site in it), what, and why."""
 
     phase: int
     order: int
     message: str
     why: str
+    at: int = -1  # the site's index where a site raises
 
 
 @dataclass
@@ -344,7 +346,12 @@ def _effects(models: Sequence[Model], case: Case, machine: Machine) -> Effects:
     device, reentrant = case.device.value, case.mode.value == "reentrant"
     program = case.program
     effects = Effects()
-    order = {id(r): n for n, r in enumerate(_backward_order(program.items()))}
+    ranked = _backward_order(program.items()) if reentrant else _unpack_order(program)
+    ranked += [r for r in program.all_regions() if r not in ranked]  # no own site: never on their own
+    order = {id(r): n for n, r in enumerate(ranked)}
+    for region in program.all_regions():  # outer before inner: a site's innermost region recomputes it
+        for site in region.sites():
+            order[site.name] = order[id(region)]
     for index, model in enumerate(models):
         name = model.behaviour
         if name == "unsaved-streams":
@@ -359,9 +366,9 @@ def _effects(models: Sequence[Model], case: Case, machine: Machine) -> Effects:
                     effects.saved_sites.setdefault(id(region), {}).setdefault(site.name, index)
                 hit = next((site for site in chosen if site.op in IN_PLACE.get(device, ())), None)
                 if message and hit:
-                    effects.raised.append((Raised(RECOMPUTE, order[id(region)], message,
+                    effects.raised.append((Raised(RECOMPUTE, order[hit.name], message,
                                                   f"{hit.name} ({hit.op.value}) is saved by the policy of "
-                                                  f"{region.name} and changed in place after"), index))
+                                                  f"{region.name} and changed in place after", hit.index), index))
         elif name == "refuses-input":
             passings = {Passing(p) for p in model.get("passing")}
             for region in program.all_regions():  # the first such region entered in forward raises
@@ -459,7 +466,7 @@ def _flow(items: Sequence[Any], incoming: bool, invisible: frozenset[Passing], o
     return incoming
 
 
-def _invisible_effects(program: Any, effects: Effects, order: dict[int, int]) -> None:
+def _invisible_effects(program: Any, effects: Effects, order: dict[Any, int]) -> None:
     """The errors and failures of regions whose input a reentrant checkpoint cannot see: backward
     raises where the loss, or a recomputed region's output, no longer requires grad; otherwise
     the regions no gradient reaches are never recomputed (their draws are missing from the
@@ -509,7 +516,7 @@ def _reached(items: Sequence[Any], arrives: bool, invisible: frozenset[Passing],
     return reached, arrives
 
 
-def _context_effects(case: Case, machine: Machine, model: Model, index: int, order: dict[int, int],
+def _context_effects(case: Case, machine: Machine, model: Model, index: int, order: dict[Any, int],
                      effects: Effects, reentrant: bool) -> None:
     """What a recompute outside the region's context changes: under ``sdpa_kernel``, an attention
     site on another backend (this machine's own choice); under ``autocast``, the region's first
@@ -517,11 +524,11 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
     Non-reentrant with a ``message``, the recompute raises; otherwise other gradients (and another
     mask where the changed site draws)."""
     device, message = case.device.value, model.get("message")
-    changed: list[tuple[Region, str, bool]] = []  # region, why, whether a draw changes
+    changed: list[tuple[Region, str, bool, "Site | None"]] = []  # region, why, whether a draw changes, site
     if model.get("context") == ("autocast",):
         if case.program.dtype.value != "bf16":
             changed += [(region, f"{region.name}'s matmul ran in bfloat16 under autocast in forward; the "
-                                 f"recompute, outside it, runs it in {case.program.dtype.value}", False)
+                                 f"recompute, outside it, runs it in {case.program.dtype.value}", False, None)
                         for region in case.program.all_regions() if region.passing is Passing.AUTOCAST]
     else:
         pinned_of = _pinned(case.program)
@@ -537,10 +544,12 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                     continue
                 changed.append((region, f"{site.name} ran on {pinned} under sdpa_kernel in forward; the recompute, "
                                         f"outside it, runs on {chosen} (this machine's choice for {site.dtype.value}"
-                                        f"{' with dropout' if _draws(site) else ' without dropout'})", _draws(site)))
-    for region, why, draws in changed:
+                                        f"{' with dropout' if _draws(site) else ' without dropout'})", _draws(site),
+                                site))
+    for region, why, draws, site in changed:
         if message and not reentrant:
-            effects.raised.append((Raised(RECOMPUTE, order[id(region)], message, why), index))
+            rank = order[site.name] if site is not None else order[id(region)]
+            effects.raised.append((Raised(RECOMPUTE, rank, message, why, site.index if site else -1), index))
         else:
             effects.fails("gradient", index, why)
             if draws:
@@ -631,10 +640,10 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             found = slots[frame.slot]
             if frame.slot in pending:
                 pending.remove(frame.slot)
-            index = effects.slots[1] if found is not frame.state else -1  # type: ignore[index]
+            index = effects.slots[1] if found is not frame.state else -1
         if frame.ordinal is not None and frame.ordinal in by_ordinal:
             found = by_ordinal[frame.ordinal]
-            index = effects.frozen[1] if found is not frame.state else -1  # type: ignore[index]
+            index = effects.frozen[1] if found is not frame.state else -1
         if index >= 0:
             notes.setdefault(index, f"{region.name}'s recompute rewinds to a snapshot another checkpoint call took")
         return found, index
@@ -773,7 +782,7 @@ def predict(models: Sequence[Model], case: Case, machine: Machine = LOCAL) -> Pr
     """What an impl with these behaviours (an entry's each, in file order) does in `case`."""
     effects = _effects(models, case, machine)
     if effects.raised:
-        raised, index = min(effects.raised, key=lambda pair: (pair[0].phase, pair[0].order, pair[1]))
+        raised, index = min(effects.raised, key=lambda pair: (pair[0].phase, pair[0].order, pair[0].at, pair[1]))
         return Prediction("error", message=raised.message, causes=(index,), why=(raised.why,))
     causes = {oracle: set(found) for oracle, found in effects.mismatch.items()}
     for oracle, found in replay(case, effects, effects.reached).items():
