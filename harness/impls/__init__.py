@@ -56,6 +56,10 @@ BUILTIN: dict[str, str] = {
     "torch-partial": "harness.impls.torch_checkpoint:make_partial",
     "torch-compile": "harness.impls.compiled:make_compiled",
     "torch-compile-budget": "harness.impls.compiled:make_budget",
+    # torch_remat (issue 38): no hook, its README's hook, the harness's hook.
+    "remat": "harness.impls.remat:make_remat",
+    "remat-readme-hook": "harness.impls.remat:make_readme_hook",
+    "remat-hook": "harness.impls.remat:make_hook",
 }
 NEGATIVE_CONTROLS = tuple(name for name in BUILTIN if name.startswith("neg-"))
 

@@ -1,0 +1,118 @@
+"""torch_remat (issue 38): the harness's RecomputeRNGHook, the three adapters over torch_remat and
+what they do on the CPU, and the context leak of torch_remat 0.2.2 the adapters contain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import impls
+from harness.checkpoint import RecomputeRNGHook, RNGStatesTracker
+from harness.model.cases import parse_case_id
+from harness.run import runner
+from harness.verdict import expectations
+
+remat = pytest.importorskip("torch_remat")
+
+
+def _block(h):
+    return h * (torch.rand_like(h) > 0.5) * 2.0
+
+
+def _grads(checkpointed: bool, hooks: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    x = torch.ones(4096, requires_grad=True)
+    h = x
+    for n in range(3):
+        h = remat.checkpoint(region_name=f"l{n}", recompute_state_hooks=hooks)(_block)(h) if checkpointed else _block(h)
+    h.sum().backward()
+    return x.grad.clone(), torch.get_rng_state()
+
+
+def test_the_documented_hook_makes_torch_remat_replay_bit_for_bit():
+    # The README's example use of the shipped hook: three checkpointed dropout layers.
+    reference, state = _grads(False)
+    with_hook, state_after = _grads(True, (RecomputeRNGHook(),))
+    assert torch.equal(with_hook.view(torch.int32), reference.view(torch.int32))
+    assert torch.equal(state_after, state)  # the CPU stream ends where the plain run leaves it
+    # the negative control: torch_remat's default (no hook) gets other gradients
+    without, state_without = _grads(True)
+    assert int((without != reference).sum()) > 0 and not torch.equal(state_without, state)
+
+
+def test_the_hook_restores_tracker_streams_in_place_and_says_what_a_snapshot_costs():
+    tracker = RNGStatesTracker("cpu")
+    tracker.add("model-parallel-rng", 1234)
+    hook = RecomputeRNGHook(tracker)
+    [stream] = [g for g in tracker.generators()]
+    snap = hook.snapshot()
+    before = stream.get_state()
+    torch.rand(10, generator=stream)
+    torch.rand(10)
+    hook.restore(snap)
+    assert torch.equal(stream.get_state(), before) and tracker.generators()[0] is stream
+    assert hook.snapshot_bytes() == 2 * torch.get_rng_state().numel()  # the CPU's and the stream's MT19937
+    with pytest.raises(ValueError, match="a hook cannot stash"):
+        RecomputeRNGHook(capture_strategy="stash")
+
+
+@pytest.mark.parametrize("impl, case_id, outcome", [
+    ("remat-hook", "nonreentrant-tracked-eager-siblings-draws-cpu", "pass"),
+    ("remat-hook", "nonreentrant-shared-eager-(native_dropout@a+rand@b)+bernoulli_@d-draws-cpu", "pass"),
+    ("remat", "nonreentrant-default-eager-flat-none-cpu", "mismatch"),
+    ("remat-readme-hook", "nonreentrant-default-eager-flat-none-cpu", "error"),
+])
+def test_the_adapters_on_the_cpu(impl, case_id, outcome):
+    case = parse_case_id(case_id)
+    result = runner.run(case, impls.load(impl))
+    assert result.outcome.value == outcome, (result.error, [m.oracle for m in result.mismatches])
+    entry = expectations.find(expectations.load(), impl, case)
+    if outcome == "pass":
+        assert entry is None
+    else:
+        assert entry is not None and entry.explains(result.outcome.value, [m.oracle for m in result.mismatches],
+                                                    result.error), entry
+
+
+def test_torch_remat_limits_are_declared_not_run():
+    for name in ("remat", "remat-readme-hook", "remat-hook"):
+        adapter = impls.load(name)
+        assert "non-reentrant only" in adapter.supports(parse_case_id("reentrant-default-eager-flat-none-cpu"))
+        assert "nested" in adapter.supports(parse_case_id("nonreentrant-default-eager-nested-none-cpu"))
+    hook = impls.load("remat-hook")
+    assert hook.must_support_all and hook.limit(parse_case_id("nonreentrant-default-eager-nested-none-cpu"))
+    from importlib.metadata import version
+
+    assert impls.load("remat").version == version("torch-remat")  # recorded with every result
+
+
+def test_a_hook_that_raises_poisons_torch_remat_but_not_the_next_case():
+    # torch_remat 0.2.2: a hook's snapshot() raising at region entry leaves its region context
+    # variable set, and every later checkpoint in that context raises as if nested
+    # (findings/torch-remat-hook-error-poisons-context.md).
+    import contextvars
+
+    class Raising:
+        def snapshot(self):
+            raise RuntimeError("hook failed")
+
+        def restore(self, state):
+            pass
+
+    def poisoned() -> str:
+        x = torch.ones(4, requires_grad=True)
+        with pytest.raises(RuntimeError, match="hook failed"):
+            remat.checkpoint(region_name="a", recompute_state_hooks=(Raising(),))(_block)(x)
+        try:
+            remat.checkpoint(region_name="b")(_block)(x)
+        except NotImplementedError as exc:
+            return str(exc)
+        return "no error"
+
+    assert contextvars.copy_context().run(poisoned) == "nested torch_remat.checkpoint regions are not supported"
+    # the adapters run each call in a copy of the context: the CPU error of the README hook is
+    # that case's error, and the next case in the same process still runs
+    readme = runner.run(parse_case_id("nonreentrant-default-eager-flat-none-cpu"), impls.load("remat-readme-hook"))
+    assert readme.outcome.value == "error"
+    after = runner.run(parse_case_id("nonreentrant-default-eager-flat-none-cpu"), impls.load("remat-hook"))
+    assert after.outcome.value == "pass", after.error
