@@ -234,6 +234,18 @@ def test_recompute_mask_site_never_recomputed():
     assert m.detail == "the site was never recomputed"
 
 
+def test_recompute_mask_a_site_drawn_in_a_save_region_need_not_be_recomputed():
+    # torch_remat's SAVE regions keep their activations: a draw there is not rerun by design
+    ref, ck = make_pair()
+    del ck.log.masks[(1, "s1", RECOMPUTE)]
+    ck.log.saved.add((1, "s1"))
+    assert [m for m in run_check(ref, ck) if m.oracle == "recompute-mask"] == []
+    # but a saved site that is rerun is compared like any other
+    flip(ck.log.masks[(0, "s0", RECOMPUTE)][0], (1, 1))
+    ck.log.saved.add((0, "s0"))
+    assert one(run_check(ref, ck), "recompute-mask", "s0", 0).count == 1
+
+
 def test_recompute_mask_second_of_two_recomputes_differs():
     ref, ck = make_pair()
     second = _mask(0, "s0")

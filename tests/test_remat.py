@@ -116,3 +116,20 @@ def test_a_hook_that_raises_poisons_torch_remat_but_not_the_next_case():
     assert readme.outcome.value == "error"
     after = runner.run(parse_case_id("nonreentrant-default-eager-flat-none-cpu"), impls.load("remat-hook"))
     assert after.outcome.value == "pass", after.error
+
+
+@pytest.mark.parametrize("factory, outcome", [("with_hook", "pass"), ("no_hook", "mismatch"),
+                                              ("readme_hook", "error")])
+def test_a_model_that_checkpoints_itself_with_torch_remat_and_a_save_region(factory, outcome, capsys):
+    # examples/remat_model.py: attention (with dropout) in a SAVE region, an MLP dropout after it
+    # recomputed; as-built judges the model's own torch_remat checkpointing
+    from harness.fronts.cli import main
+
+    code = main(["module", f"examples.remat_model:{factory}", "--impl", "as-built", "--mode", "nonreentrant",
+                 "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert f"as-built examples.remat_model:{factory} (cpu, eager, as-built): {outcome}" in out, out
+    assert code == (0 if outcome == "pass" else 1)
+    if outcome == "mismatch":  # the recomputed MLP dropout, not the saved attention dropout
+        assert "recompute-mask blocks.0.dropout (aten::bernoulli_)" in out
+        assert "attn_dropout" not in out.split("recompute-mask (")[1].split("\n\n")[0]

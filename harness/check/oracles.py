@@ -127,6 +127,8 @@ def recompute_masks(ck: RunRecord, sites: list[str], it: int, checks: Checks,
     for site in sites:
         forward, recomputes = ck.draws(it, site, FORWARD), ck.draws(it, site, RECOMPUTE)
         if not recomputes:
+            if ck.saved(it, site):
+                continue  # drawn in a region the checkpoint saves (a SAVE region): not rerun by design
             checks.add(Mismatch("recompute-mask", site, it, 0, 0, detail="the site was never recomputed"))
             continue
         if not forward:

@@ -34,6 +34,9 @@ class MaskLog:
     iteration: int = 0
     phase: str = FORWARD  # the runner switches to RECOMPUTE before calling backward
     captured: dict[tuple[str, str], list[torch.Tensor]] = field(default_factory=dict)
+    # (iteration, name) of forward draws made inside a region the checkpoint keeps rather than
+    # recomputes (a torch_remat SAVE region): their absence from the recompute is by design.
+    saved: set[tuple[int, str]] = field(default_factory=set)
 
     def start(self, iteration: int) -> None:
         """Begin an iteration; a negative one (warm-up or capture) is not kept as a result."""
@@ -41,9 +44,12 @@ class MaskLog:
         if iteration < 0:
             self.captured = {}
 
-    def record(self, name: str, value: torch.Tensor) -> None:
-        """File a copy of `value` under `name` in the current iteration and phase."""
+    def record(self, name: str, value: torch.Tensor, saved: bool = False) -> None:
+        """File a copy of `value` under `name` in the current iteration and phase; `saved`: a
+        forward draw inside a region the checkpoint saves instead of recomputing."""
         copy = value.detach().clone()
+        if saved and self.iteration >= 0:
+            self.saved.add((self.iteration, name))
         if self.iteration < 0:
             self.captured.setdefault((name, self.phase), []).append(copy)
         else:
@@ -91,6 +97,10 @@ class RunRecord:
 
     def draws(self, iteration: int, site: str, phase: str) -> list[torch.Tensor]:
         return self.log.masks.get((iteration, site, phase), [])
+
+    def saved(self, iteration: int, site: str) -> bool:
+        """Whether `site` drew in `iteration`'s forward inside a region its checkpoint saves."""
+        return (iteration, site) in self.log.saved
 
     def names(self, iteration: int, phase: str) -> list[str]:
         """Every name with something recorded in `iteration` and `phase`, in first-seen order."""

@@ -18,6 +18,7 @@ reentrant form: both are declared, not run.
 from __future__ import annotations
 
 import contextvars
+import sys
 from contextvars import ContextVar
 from typing import Any, Callable
 
@@ -49,6 +50,16 @@ class CudaRNGStateHook:
         cuda_rng_state, counter = state
         torch.cuda.set_rng_state(cuda_rng_state, self.device)
         rng_counter.set(counter)
+
+
+def drawing_in_save_region() -> bool:
+    """Whether the code running now is the body of a torch_remat SAVE region in its forward
+    (``remat.region(..., recompute=False)``): its draws are kept, not rerun, by design.  Asked of
+    torch_remat's own state where it is loaded and has it (0.2: the ``_active_save_op`` context
+    variable of ``torch_remat._region``); False otherwise (torch_remat is never imported for it)."""
+    region = sys.modules.get("torch_remat._region")
+    active = getattr(region, "_active_save_op", None)
+    return active is not None and active.get() is not None
 
 
 def _input_device(args: tuple, kwargs: dict, tracker: Any) -> torch.device:

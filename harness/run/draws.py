@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..check.compare import Mismatch, scaled_difference
 from ..check.records import FORWARD, MaskLog, RunRecord
 from ..checkpoint.stash import is_seeded
+from ..impls.remat import drawing_in_save_region
 
 # Outputs of a seeded op that identify its draw exactly: the Philox seed and offset that fused
 # attention kernels return (their dropout is drawn inside the kernel).
@@ -66,7 +67,8 @@ class DrawLog(TorchDispatchMode):
             drawn = rng_output(func, out)
             if drawn is not None:
                 path = self.stack[-1] if self.stack else ""
-                self.log.record(f"{path or '<module>'} ({func._schema.name})", drawn)
+                saved = self.log.phase == FORWARD and drawing_in_save_region()
+                self.log.record(f"{path or '<module>'} ({func._schema.name})", drawn, saved=saved)
         return out
 
 
