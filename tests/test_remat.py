@@ -3,6 +3,8 @@ what they do on the CPU, and the context leak of torch_remat 0.2.2 the adapters 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -133,3 +135,61 @@ def test_a_model_that_checkpoints_itself_with_torch_remat_and_a_save_region(fact
     if outcome == "mismatch":  # the recomputed MLP dropout, not the saved attention dropout
         assert "recompute-mask blocks.0.dropout (aten::bernoulli_)" in out
         assert "attn_dropout" not in out.split("recompute-mask (")[1].split("\n\n")[0]
+
+
+@pytest.mark.parametrize("spec, error", [
+    ("(save((rand)))", "a SAVE region holds sites only"),
+    ("(native_dropout&save(rand+rand))", "'&save(...)' holds one site"),
+    ("(save(rand+rand)&native_dropout)", "'save(...)&' needs a SAVE region of one site"),
+    ("(save(rand&rand))", "a SAVE region holds sites joined by '+'"),
+])
+def test_a_bad_save_region_is_one_line(spec, error):
+    from harness.model.programs import ProgramError
+    from harness.model.spec import parse_spec
+
+    with pytest.raises(ProgramError, match=re.escape(error)):
+        parse_spec(spec)
+
+
+def test_save_regions_round_trip_and_live_inside_regions_only():
+    from harness.model.cases import CaseError
+    from harness.model.spec import parse_spec
+
+    for spec in ("(native_dropout+save(rand+native_dropout)+bernoulli_)", "(save(rand)+save(nodraw))+native_dropout",
+                 "bf16:(native_dropout&save(rand.f32@t))", "((save(dropout_p0))+native_dropout)"):
+        program = parse_spec(spec)
+        assert program.spec == spec and parse_spec(program.spec) == program
+    assert [s.save for s in parse_spec("(save(rand)+save(nodraw)+native_dropout)").sites()] == [0, 1, None]
+    with pytest.raises(CaseError, match="outside every checkpointed region"):
+        parse_case_id("nonreentrant-default-eager-save(rand)+(native_dropout)-none-cpu")
+
+
+@pytest.mark.parametrize("impl, case_id, outcome", [
+    # the SAVE body is kept and not redrawn; the hook puts the stream back after it: right
+    ("remat-hook", "nonreentrant-tracked-eager-(native_dropout+save(rand+native_dropout)+bernoulli_)-draws-cpu",
+     "pass"),
+    # no hook, but the only draw is kept, not redrawn: nothing to get wrong (the model says so too)
+    ("remat", "nonreentrant-default-eager-(save(native_dropout))-none-cpu", "pass"),
+    ("remat", "nonreentrant-default-eager-(save(rand)+native_dropout)-none-cpu", "mismatch"),
+    # for every other impl a SAVE region is plain code, recomputed like the rest
+    ("torch", "nonreentrant-default-eager-(native_dropout+save(rand)+native_dropout)-none-cpu", "pass"),
+    ("neg-no-restore", "nonreentrant-default-eager-(save(rand))+(native_dropout)-none-cpu", "mismatch"),
+])
+def test_save_regions_under_each_kind_of_impl(impl, case_id, outcome):
+    case = parse_case_id(case_id)
+    result = runner.run(case, impls.load(impl))
+    fired = [m.oracle for m in result.mismatches]
+    assert result.outcome.value == outcome, (result.error, fired)
+    entry = expectations.find(expectations.load(), impl, case)
+    assert (entry is None) == (outcome == "pass"), entry
+    if entry is not None:
+        assert entry.explains(result.outcome.value, fired, result.error)
+
+
+def test_the_standalone_script_refuses_save_regions_it_cannot_mark(tmp_path, capsys):
+    from harness.fronts.cli import main
+
+    case = "nonreentrant-default-eager-(save(rand)+native_dropout)-none-cpu"
+    assert main(["repro", case, "--impl", "remat-hook", "--script", str(tmp_path / "r.py")]) == 2
+    assert "--script does not mark SAVE regions yet" in capsys.readouterr().err
+    assert not (tmp_path / "r.py").exists()

@@ -506,6 +506,11 @@ def cmd_repro(args: argparse.Namespace) -> int:
             # The script re-implements the workload eagerly; it would reproduce another program.
             raise UsageError(f"--script does not cover compiled impls ({target.name}): the script runs the "
                              "program eagerly; rerun with `python -m harness repro` instead")
+        if getattr(target.adapter, "save_region", None) and any(s.save is not None for s in case.program.sites()):
+            # The script runs save(...) sites as plain code: under an impl that keeps SAVE regions
+            # it would reproduce another program.
+            raise UsageError(f"--script does not mark SAVE regions yet ({target.name} keeps them); rerun with "
+                             "`python -m harness repro` instead")
         reporting.check_output_file(args.script, "--script")
     done = run_case(target, case, entries, timeline=True)
     result, record = done.result, done.record

@@ -101,6 +101,8 @@ def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, lay
             else:
                 text, op = site()
                 inner_ops.append(op)
+                if draw(st.integers(0, 3)) == 3:  # a SAVE region of this site (0, what it shrinks to: none)
+                    text = f"save({text})"
             parts.append(text)
         attention = {op for op in inner_ops if op in SDPA_OPS}
         if passing is Passing.SDPA_KERNEL and len(attention) != 1:

@@ -55,6 +55,7 @@ runs eagerly, in the reference and the checkpointed run alike.
 
 from __future__ import annotations
 
+import contextvars
 import fnmatch
 import functools
 import importlib
@@ -479,8 +480,11 @@ def run_module(factory_path: str, impl: Any, device: str = "cpu", capture: Captu
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _judge(factory, factory_path, impl, name or getattr(impl, "name", "?"), dev, capture, mode, wrap,
-                   iterations, as_built, result)
+            # In a copy of the context: context-local state a model or its checkpoint leaves behind
+            # (torch_remat 0.2.2's region variable after a hook raised) stays with this run.
+            contextvars.copy_context().run(
+                _judge, factory, factory_path, impl, name or getattr(impl, "name", "?"), dev, capture, mode, wrap,
+                iterations, as_built, result)
     except ModuleError:
         raise
     except NotReproducible as exc:

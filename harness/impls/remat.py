@@ -97,6 +97,18 @@ class RematAdapter(PackageAdapter):
             return "nested torch_remat.checkpoint regions are not supported (torch_remat raises NotImplementedError)"
         return None
 
+    def save_region(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+        """``remat.region(fn, name, recompute=False)``: kept, not rerun in the recompute; its output
+        marked as needed by the recompute that follows (``recompute_needs_tensor``)."""
+        remat = self.module()
+
+        def saved(*args: Any) -> Any:
+            out = remat.region(fn, name, recompute=False)(*args)
+            remat.recompute_needs_tensor(out)
+            return out
+
+        return saved
+
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         remat = self.module()
         hooks = self.hooks(args, kwargs, tracker)

@@ -200,6 +200,16 @@ def _fan_in_reason(c: Case) -> str | None:
     return None
 
 
+def _save_reason(c: Case) -> str | None:
+    """A SAVE region marks part of a checkpointed region: outside every region there is nothing to
+    recompute or keep."""
+    outside = [item for item in c.program.items() if not isinstance(item, Region) and item.save is not None]
+    if outside:
+        return (f"site {outside[0].name} is in a SAVE region outside every checkpointed region: save(...) "
+                "marks part of a region")
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     lambda c: (
         "CUDA graph capture needs a cuda device"
@@ -216,6 +226,7 @@ RULES: tuple[Rule, ...] = (
     _kernel_reason,
     _stream_reason,
     _fan_in_reason,
+    _save_reason,
 )
 
 

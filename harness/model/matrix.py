@@ -188,6 +188,11 @@ STRUCTURES = (
     # an inner region as its outer region's first item: a non-reentrant checkpoint hands it the
     # outer's own input tensor, so anything keyed by the input tensor collides
     "((native_dropout)+native_dropout)",
+    # SAVE regions (issue 38): a drawing body followed by more draws (a checkpoint that keeps the
+    # body and does not rerun it must put the stream back after it, or every later draw shifts),
+    # and a body that draws nothing
+    "(native_dropout+save(rand)+native_dropout)",
+    "(save(nodraw)+native_dropout)",
 )
 # Values only `STRUCTURES` bring in: the covering of the named programs leaves them out, so that
 # adding a structure never reshuffles the cells the expectations file names by id.

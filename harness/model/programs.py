@@ -91,6 +91,11 @@ class Site:
     # True: reads the same input as the item before it (a parallel branch, as attention and MLP
     # both read one normalised tensor) and its output is added to that item's (spec: ``&``).
     parallel: bool = False
+    # The SAVE region (numbered in program order) the site belongs to, None outside any: a part of
+    # a checkpointed region whose activations a checkpoint may keep instead of recomputing
+    # (torch_remat's ``region(..., recompute=False)``); for every other impl only an annotation
+    # (spec: ``save(...)``).
+    save: "int | None" = None
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,16 @@ def format_spec(program: Tree) -> str:
         return text + (f"@{it.stream}" if it.stream else "")
 
     def sequence(items: "tuple[Item, ...]") -> str:
-        return "".join(("" if n == 0 else "&" if it.parallel else "+") + item(it) for n, it in enumerate(items))
+        out: list[str] = []
+        for n, it in enumerate(items):
+            joint = "" if n == 0 else "&" if it.parallel else "+"
+            save = getattr(it, "save", None)
+            before = getattr(items[n - 1], "save", None) if n else None
+            after = getattr(items[n + 1], "save", None) if n + 1 < len(items) else None
+            opened = save is not None and save != before
+            closed = save is not None and save != after
+            out.append(f"{joint}{'save(' if opened else ''}{item(it)}{')' if closed else ''}")
+        return "".join(out)
 
     body = sequence(program.items())
     return f"{'.'.join(h if isinstance(h, str) else h.value for h in header)}:{body}" if header else body

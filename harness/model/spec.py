@@ -17,7 +17,11 @@ A spec is an optional header, a colon, and the program's items joined by ``+`` (
 * items are joined by ``+`` (the next reads the output of the one before) or by ``&`` (the next
   reads the same input as the one before, and their outputs are added): ``(dropout)&(dropout)``
   feeds two regions from one tensor, as attention and MLP branches read one normalised input;
-* the ``twice`` passing hands the region one tensor as two arguments (``twice(dropout)``).
+* the ``twice`` passing hands the region one tensor as two arguments (``twice(dropout)``);
+* ``save(sites)`` inside a region marks a SAVE region: sites joined by ``+`` whose activations a
+  checkpoint may keep instead of recomputing (torch_remat's ``region(..., recompute=False)``: a
+  draw there is not made again in the recompute); for every other impl only an annotation.  It
+  holds sites only, and is read as one item by the items around it (``&save(...)`` holds one).
 
 `format_spec` writes the canonical form (defaults left out); `parse_spec(format_spec(p))` is a
 program equal to ``p`` and `format_spec` of it is the same text.  Every named program has a spec
@@ -130,6 +134,9 @@ class _Parser:
         out = [(*self.item(), False)]  # each node ends with whether it is parallel
         while self.peek() in ("+", "&"):
             parallel = self.take() == "&"  # '&': reads the same input as the item before it
+            if parallel and out[-1][0] == "save" and len(out[-1][1]) > 1:
+                raise self.fail("'save(...)&' needs a SAVE region of one site (the item after '&' would read "
+                                "the output of its first site, not its input)")
             out.append((*self.item(), parallel))
         if self.peek() != closing:
             raise self.fail(f"expected '+', '&' or {closing!r}" if closing else "expected '+', '&' or the end")
@@ -139,6 +146,8 @@ class _Parser:
         if self.peek() == "(":
             return self.region(Passing.POSITIONAL)
         name = self.word("a site or a region")
+        if name == "save" and self.peek() == "(":
+            return self.save()
         if self.peek() == "(":
             return self.region(self.enum(Passing, "passing", name))
         op = self.enum(Op, "op", name)
@@ -153,6 +162,26 @@ class _Parser:
                 self.at -= 1
                 raise self.fail(f"unknown stream {stream!r} (streams: {', '.join(STREAMS)})")
         return ("site", op, dtype, stream)
+
+    def save(self) -> tuple:
+        """``save(site+site...)``: a SAVE region of sites, in order (no '&', no region inside)."""
+        self.take("(")
+        sites = [self.site_in_save()]
+        while self.peek() == "+":
+            self.take("+")
+            sites.append(self.site_in_save())
+        if self.peek() != ")":
+            raise self.fail("expected '+' or ')' (a SAVE region holds sites joined by '+')")
+        self.take(")")
+        return ("save", sites)
+
+    def site_in_save(self) -> tuple:
+        if self.peek() == "(":
+            raise self.fail("a SAVE region holds sites only, not a region")
+        node = self.item()
+        if node[0] != "site":
+            raise self.fail("a SAVE region holds sites only")
+        return node
 
     def region(self, passing: Passing) -> tuple:
         if self.depth >= MAX_DEPTH:
@@ -196,28 +225,40 @@ def parse_spec(text: str) -> SpecProgram:
     if parser.peek() is None:
         raise ProgramError(f"bad program spec {text!r}: no sites or regions")
     raw = parser.items(None)
-    sites, regions = itertools.count(), itertools.count()
+    sites, regions, saves = itertools.count(), itertools.count(), itertools.count()
 
-    def build(node: tuple, backend: Op | None) -> Item:
+    def site(node: tuple, backend: Op | None, parallel: bool, save: "int | None") -> Site:
+        index = next(sites)
+        _, op, site_dtype, stream = node[:4]
+        return Site(f"s{index}", op, index, site_dtype or dtype, stream, backend is None, parallel, save)
+
+    def build(node: tuple, backend: Op | None) -> list[Item]:
         if node[0] == "site":
-            index = next(sites)
-            _, op, site_dtype, stream, parallel = node
-            return Site(f"s{index}", op, index, site_dtype or dtype, stream, backend is None, parallel)
+            return [site(node, backend, node[4], None)]
+        if node[0] == "save":
+            _, members, parallel = node
+            if parallel and len(members) > 1:
+                raise ProgramError(f"bad program spec {text!r}: '&save(...)' holds one site (several would "
+                                   "read each other's output, not the input of the item before)")
+            number = next(saves)
+            return [site(member, backend, parallel and n == 0, number) for n, member in enumerate(members)]
         _, passing, inner, parallel = node
         name = f"r{next(regions)}"  # before the inner regions, as named programs number them
         if passing is Passing.SDPA_KERNEL and backend is None:
             backend = next((op for op in _ops(inner) if op in SDPA_OPS), None) or Op.SDPA_MATH
             # (no attention site inside: cases.RULES refuses the program; math keeps it buildable)
-        items = tuple(build(child, backend) for child in inner)
-        return Region(name, items, passing, backend if passing is Passing.SDPA_KERNEL else None, parallel)
+        items = tuple(item for child in inner for item in build(child, backend))
+        return [Region(name, items, passing, backend if passing is Passing.SDPA_KERNEL else None, parallel)]
 
-    return SpecProgram(tuple(build(node, None) for node in raw), shape, dtype, iterations)
+    return SpecProgram(tuple(item for node in raw for item in build(node, None)), shape, dtype, iterations)
 
 
 def _ops(nodes: list) -> Iterator[Op]:
     for node in nodes:
         if node[0] == "site":
             yield node[1]
+        elif node[0] == "save":
+            yield from (member[1] for member in node[1])
         else:
             yield from _ops(node[2])
 

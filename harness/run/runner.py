@@ -263,6 +263,9 @@ def checkpointing(impl: Any, case: Case, name: str | None = None) -> Callable[[A
             return checked_output(label, impl.checkpoint(fn, *args, reentrant=reentrant, tracker=tracker,
                                                          **kwargs), like)
 
+        # A SAVE region of the program (`Site.save`) is the impl's to mark where it has the
+        # notion (``save_region(fn, name)``, torch_remat's); for every other impl plain code.
+        call_impl.save_region = getattr(impl, "save_region", None)  # type: ignore[attr-defined]
         return call_impl
 
     return checkpoint_with

@@ -46,7 +46,7 @@ KEYWORD = "inp"  # the keyword a region takes its input by, in the keyword passi
 # checkpoint(fn, args, kwargs, like) -> fn(*args, **kwargs), checkpointed; `like` is the tensor the
 # region's output must resemble (its input, wherever that input travels).
 CheckpointFn = Callable[[Callable[..., Any], tuple, dict, torch.Tensor], torch.Tensor]
-Record = Callable[[str, torch.Tensor], None]
+Record = Callable[..., None]  # (name, value, saved=False): saved for a draw inside a SAVE region
 Watch = Callable[[str, bool, bool], None]  # site, advanced the default generator, advanced its stream
 Point = Callable[[str], None]  # the run reached a point where its ambient state is read ("after r0 forward")
 
@@ -222,7 +222,10 @@ class Workload:
             after = self._states(site)
             stream_moved = before[1] is not None and not torch.equal(before[1], after[1])
             self.watch(site.name, not torch.equal(before[0], after[0]), stream_moved)  # type: ignore[misc]
-        self.record(site.name, drawn)
+        if site.save is not None:
+            self.record(site.name, drawn, True)  # kept, not recomputed, where the impl saves it
+        else:
+            self.record(site.name, drawn)
         # The weight comes after the record on purpose: a non-reentrant recompute may stop early
         # once the last saved tensor is rebuilt (torch's early stop), and this multiply is what
         # saves last, so every RNG output is recorded before the stop.
@@ -261,6 +264,11 @@ class Workload:
 
     def _item(self, item: "Item", h: torch.Tensor, top_level: bool) -> torch.Tensor:
         if not isinstance(item, Region):
+            save_region = getattr(self.checkpoint, "save_region", None)
+            if item.save is not None and save_region is not None:
+                # one SAVE region per site: the same kept activations and skipped draws as one
+                # around the whole save(...) group, and a name unique in its checkpoint
+                return save_region(lambda t, site=item: self._site(site, t), f"save{item.save}.{item.name}")(h)
             return self._site(item, h)
         if top_level and self.point is not None and h.requires_grad:
             # Fires once the gradient of the region's input is complete: after the region's

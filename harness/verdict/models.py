@@ -30,6 +30,9 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`):
     non-reentrant recompute raises where the entry gives a ``message`` (torch's metadata check,
     selective checkpointing's storage lookup), and otherwise the gradients differ (and a mask
     where the changed site draws).
+``skips-save-regions`` (``restored``)
+    a SAVE region's body (``save(...)`` sites, torch_remat's ``recompute=False``) is not rerun in the
+    recompute: its draws are not made again; the streams its hooks snapshot are put back after it.
 ``saved-rng-ops`` (``ops``, ``first = true`` or ``every = true``; ``mutated_message``)
     a selective policy saves these RNG ops' outputs (or every region's first RNG op, its inner
     regions' included; or every RNG op): the recompute does not rerun them, so every later draw of the same stream
@@ -69,13 +72,15 @@ BEHAVIOURS = {
     "snapshots-frozen": {"after_steps"},
     "inert-fork": {"message"},
     "leaks-ambient": {"undone_by"},
+    "skips-save-regions": {"restored"},
     "early-stop": set(),
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
             "input-invisible": {"passing", "message"}, "context-not-replayed": {"context"},
             "saved-rng-ops": set(), "not-restored": {"streams"}, "extra-draw": {"streams"}, "early-stop": set(),
             "rewound-after-forward": {"streams"}, "snapshot-slots": {"slots"},
-            "snapshots-frozen": {"after_steps"}, "inert-fork": {"message"}, "leaks-ambient": set()}
+            "snapshots-frozen": {"after_steps"}, "inert-fork": {"message"}, "leaks-ambient": set(),
+            "skips-save-regions": set()}
 STREAM_KINDS = ("tracker", "device", "cpu", "all")
 CONTEXTS = ("sdpa_kernel", "autocast")
 ATTENTION = frozenset([*SDPA_OPS, Op.SDPA_AUTO])
@@ -162,7 +167,8 @@ def parse_model(raw: Any, where: str) -> Model:
                 raise ModelError(f"{where} model {key} must be true or false")
             params[key] = value
         else:
-            known = {"streams": STREAM_KINDS, "passing": [p.value for p in Passing], "context": CONTEXTS,
+            known = {"streams": STREAM_KINDS, "restored": STREAM_KINDS, "passing": [p.value for p in Passing],
+                     "context": CONTEXTS,
                      "ops": [o.value for o in Op], "undone_by": [p.value for p in Passing]}[key]
             items = value if isinstance(value, list) else [value]
             bad = [v for v in items if v not in known]
@@ -239,6 +245,8 @@ class Effects:
     rewound: dict[str, int] = field(default_factory=dict)  # stream -> entry index
     slots: "tuple[int, int] | None" = None  # `snapshot-slots`: how many, entry index
     frozen: "tuple[int, int] | None" = None  # `snapshots-frozen`: refreshed in this many steps, entry index
+    # `skips-save-regions`: the streams its hooks put back after each SAVE region, entry index
+    save_skip: "tuple[frozenset[str], int] | None" = None
     early_stop: bool = False
     raised: list[tuple[Raised, int]] = field(default_factory=list)
     mismatch: dict[str, set[int]] = field(default_factory=dict)  # oracle -> entry indexes
@@ -414,6 +422,8 @@ def _effects(models: Sequence[Model], case: Case, machine: Machine) -> Effects:
                                   + (f" (no {'/'.join(sorted(p.value for p in undone))} context around it puts "
                                      "it back)" if undone else ""))
                     break
+        elif name == "skips-save-regions":
+            effects.save_skip = effects.save_skip or (_kinds(model.get("restored", ()), device), index)
         elif name == "early-stop":
             effects.early_stop = True
     if effects.invisible:
@@ -588,7 +598,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
     enclosing = _enclosing(program.items())
     keys = {*key.values(), "cpu" if device == "cpu" else "d"}
     interleave = case.interleave.value == "draws"
-    checkpointed = {site.name for site in program.checkpointed_sites()}
+    checkpointed = {site.name for site in program.checkpointed_sites() if site.save is None}
 
     def unsaved(region: Region) -> dict[str, int]:
         """Stream -> the entry that leaves it unsaved, for `region` and the regions around it
@@ -677,10 +687,14 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                     enter(snaps, item)
                     forward(item.items)
                     leave(snaps, item)
-                elif _draws(item):
-                    ck_fwd[item.name] = ck[key[item.name]]
-                    ck[key[item.name]] += (token[item.name],)
+                else:
+                    if _draws(item):
+                        ck_fwd[item.name] = ck[key[item.name]]
+                        ck[key[item.name]] += (token[item.name],)
+                    if item.save is not None:
+                        save_exit[item.name] = State(tuple, ck)  # what a hook snapshots there
 
+        save_exit: dict[str, State] = {}
         forward(program.items())
         for name, position in ck_fwd.items():
             if position != ref_fwd[name]:
@@ -717,6 +731,14 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                         if rerun(item.items):
                             return True
                         leave(inner_snaps, item)
+                        continue
+                    if effects.save_skip and item.save is not None:
+                        # a SAVE region's body is not rerun: no draw; its hooks put back what
+                        # they snapshotted at its exit in forward
+                        for stream in effects.save_skip[0] & set(keys):
+                            ck[stream] = save_exit[item.name][stream]
+                        if item is stop:
+                            return True
                         continue
                     rerun_sites.add(item.name)
                     if _draws(item):
@@ -768,7 +790,8 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             for region in _unpack_order(program):
                 recompute(region, snaps[id(region)])
         if reached is not None and any(name not in rerun_sites for name in ck_fwd if name in checkpointed):
-            # A drawing site no recompute reruns: the recompute-mask oracle says "never recomputed".
+            # A drawing site no recompute reruns: the recompute-mask oracle says "never recomputed"
+            # (not of a site in a SAVE region, which it allows to be kept).
             fail(("recompute-mask",), effects.invisible_index)
         for stream in keys:
             if ck[stream] != ref[stream]:
