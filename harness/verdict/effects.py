@@ -1,0 +1,325 @@
+"""What each behaviour of `models` does in one case, before the draws are replayed: which
+streams a region's checkpoint leaves unsaved or unrestored, which draws its policy keeps, which
+errors it raises and when, which oracles it fails outright (`effects_of`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from ..model.cases import Case
+from ..model.programs import SDPA_OPS, Op, Passing, Region, Site, reading_groups
+from .replay import backward_order, draws, enclosing_regions, unpack_order
+
+if TYPE_CHECKING:
+    from .models import Machine, Model
+
+STREAM_KINDS = ("tracker", "device", "cpu", "all")
+
+
+ATTENTION = frozenset([*SDPA_OPS, Op.SDPA_AUTO])
+
+
+# Ops whose RNG output the op itself changes in place right after drawing (bernoulli_ then div_),
+# per device type: what selective checkpointing refuses to hand back from its cache.  On the CPU
+# F.dropout and the math attention's dropout fill a bernoulli_ noise tensor and scale it in place.
+IN_PLACE = {
+    "cpu": frozenset([Op.BERNOULLI, Op.NORMAL, Op.UNIFORM, Op.EXPONENTIAL, Op.DROPOUT_INPLACE, Op.DROPOUT,
+                      Op.SDPA_MATH]),
+    "cuda": frozenset([Op.BERNOULLI, Op.NORMAL, Op.UNIFORM, Op.EXPONENTIAL, Op.DROPOUT_INPLACE]),
+}
+
+
+TRACKER_CODES = frozenset("tab")  # the stream codes a tracker holds (`programs.STREAMS`)
+
+
+PINNED = {Op.SDPA_MATH: "math", Op.SDPA_EFFICIENT: "efficient", Op.SDPA_FLASH: "flash", Op.SDPA_CUDNN: "cudnn"}
+
+
+# Error phases, in the order they happen (the earliest wins).
+FORWARD, BACKWARD_START, RECOMPUTE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An error a behaviour predicts: when (phase, then the rank of the region whose recompute
+    raises, then the site in it), what, and why."""
+
+    phase: int
+    order: int
+    message: str
+    why: str
+    at: int = -1  # the site's index where a site raises
+
+
+@dataclass
+class Effects:
+    """What the behaviours of one impl do in one case, before the replay."""
+
+    unsaved: list[tuple[frozenset[str], "frozenset[Passing] | None", int]] = field(default_factory=list)
+    saved_sites: dict[int, dict[str, int]] = field(default_factory=dict)  # region -> site -> entry index
+    invisible: dict[Passing, tuple[int, str]] = field(default_factory=dict)  # -> entry index, its message
+    reached: "set[int] | None" = None  # the regions a reentrant backward recomputes (None: all)
+    invisible_index: int = -1  # the entry whose invisible region keeps others from being recomputed
+    not_restored: dict[str, int] = field(default_factory=dict)  # stream -> entry index
+    extra: dict[str, int] = field(default_factory=dict)  # stream -> entry index
+    rewound: dict[str, int] = field(default_factory=dict)  # stream -> entry index
+    slots: "tuple[int, int] | None" = None  # `snapshot-slots`: how many, entry index
+    frozen: "tuple[int, int] | None" = None  # `snapshots-frozen`: refreshed in this many steps, entry index
+    # `skips-save-regions`: the streams its hooks put back after each SAVE region, entry index
+    save_skip: "tuple[frozenset[str], int] | None" = None
+    early_stop: bool = False
+    raised: list[tuple[Raised, int]] = field(default_factory=list)
+    mismatch: dict[str, set[int]] = field(default_factory=dict)  # oracle -> entry indexes
+    why: dict[int, list[str]] = field(default_factory=dict)
+
+    def fails(self, oracle: str, index: int, why: str = "") -> None:
+        self.mismatch.setdefault(oracle, set()).add(index)
+        if why:
+            self.why.setdefault(index, []).append(why)
+
+
+def _kinds(streams: Iterable[str], device: str) -> frozenset[str]:
+    out = set()
+    for kind in streams:
+        if kind == "all":
+            out |= {"t", "a", "cpu", "d"}
+        elif kind == "tracker":
+            out |= {"t", "a"}
+        elif kind == "device":
+            out.add("cpu" if device == "cpu" else "d")
+        else:
+            out.add("cpu")
+    return frozenset(out)
+
+
+def _pinned(program: Any) -> dict[str, Op]:
+    """Site name -> the attention backend (an op) the innermost sdpa_kernel region around it pins."""
+    out: dict[str, Op] = {}
+    for region in program.all_regions():  # outer before inner: the inner context wins
+        if region.passing is Passing.SDPA_KERNEL and region.backend is not None:
+            out.update({site.name: region.backend for site in region.sites()})
+    return out
+
+
+def _own_op(site: Site, pinned: dict[str, Op]) -> Op:
+    """The attention op a site runs in its forward: the pinned backend under sdpa_kernel."""
+    if site.op in ATTENTION and not site.own_backend and site.name in pinned:
+        return pinned[site.name]
+    return site.op
+
+
+def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects:
+    device, reentrant = case.device.value, case.mode.value == "reentrant"
+    program = case.program
+    effects = Effects()
+    ranked = backward_order(program.items()) if reentrant else unpack_order(program)
+    ranked += [r for r in program.all_regions() if r not in ranked]  # no own site: never on their own
+    order = {id(r): n for n, r in enumerate(ranked)}
+    for region in program.all_regions():  # outer before inner: a site's innermost region recomputes it
+        for site in region.sites():
+            order[site.name] = order[id(region)]
+    for index, model in enumerate(models):
+        name = model.behaviour
+        if name == "unsaved-streams":
+            passing = model.get("passing")
+            effects.unsaved.append((_kinds(model.get("streams"), device),
+                                    frozenset(Passing(p) for p in passing) if passing else None, index))
+        elif name == "saved-rng-ops":
+            message = model.get("mutated_message")
+            for region in program.all_regions():
+                chosen = _saved_sites(region, model, case, machine)
+                for site in chosen:
+                    effects.saved_sites.setdefault(id(region), {}).setdefault(site.name, index)
+                hit = next((site for site in chosen if site.op in IN_PLACE.get(device, ())), None)
+                if message and hit:
+                    effects.raised.append((Raised(RECOMPUTE, order[hit.name], message,
+                                                  f"{hit.name} ({hit.op.value}) is saved by the policy of "
+                                                  f"{region.name} and changed in place after", hit.index), index))
+        elif name == "refuses-input":
+            passings = {Passing(p) for p in model.get("passing")}
+            for region in program.all_regions():  # the first such region entered in forward raises
+                if region.passing in passings:
+                    effects.raised.append((Raised(FORWARD, 0, model.get("message"),
+                                                  f"{region.name} is entered {region.passing.value}"), index))
+                    break
+        elif name == "input-invisible" and reentrant:
+            for passing in model.get("passing"):
+                effects.invisible.setdefault(Passing(passing), (index, model.get("message")))
+        elif name == "context-not-replayed":
+            _context_effects(case, machine, model, index, order, effects, reentrant)
+        elif name == "not-restored":
+            for stream in _kinds(model.get("streams"), device):
+                effects.not_restored.setdefault(stream, index)
+        elif name == "extra-draw":
+            for stream in _kinds(model.get("streams"), device):
+                effects.extra.setdefault(stream, index)
+        elif name == "rewound-after-forward":
+            for stream in _kinds(model.get("streams"), device):
+                effects.rewound.setdefault(stream, index)
+        elif name == "snapshot-slots":
+            effects.slots = effects.slots or (model.get("slots"), index)
+        elif name == "snapshots-frozen":
+            effects.frozen = effects.frozen or (model.get("after_steps"), index)
+        elif name == "inert-fork":
+            code = case.streams()
+            tracked = [site for site in program.sites() if draws(site) and code[site.name] in TRACKER_CODES]
+            if tracked or case.layout.value == "shared":
+                why = (f"{tracked[0].name} draws from {code[tracked[0].name]}, but fork() switches to no stream"
+                       if tracked else "the shared layout's alias probe forks both names")
+                effects.raised.append((Raised(FORWARD, -1, model.get("message"), why), index))
+        elif name == "leaks-ambient":
+            undone = {Passing(p) for p in model.get("undone_by", ())}
+            enclosing = enclosing_regions(program.items())
+            for region in program.all_regions():
+                walk, inside = region, False
+                while walk is not None and not inside:
+                    inside = walk.passing in undone
+                    walk = enclosing.get(id(walk))
+                if not inside:
+                    effects.fails("ambient", index, f"{region.name}'s checkpoint leaves the leaked state behind"
+                                  + (f" (no {'/'.join(sorted(p.value for p in undone))} context around it puts "
+                                     "it back)" if undone else ""))
+                    break
+        elif name == "skips-save-regions":
+            effects.save_skip = effects.save_skip or (_kinds(model.get("restored", ()), device), index)
+        elif name == "early-stop":
+            effects.early_stop = True
+    if effects.invisible:
+        _invisible_effects(program, effects, order)
+    return effects
+
+
+def _seeded(site: Site, pinned: dict[str, Op], case: Case, machine: Machine) -> bool:
+    """Whether the op a site runs is one torch tags ``nondeterministic_seeded`` (what a selective
+    policy counts as an RNG op): every drawing op, and attention without dropout where it runs
+    on a fused kernel (flash, efficient, cuDNN take a dropout argument even at p = 0)."""
+    if draws(site):
+        return True
+    if site.op is not Op.SDPA_AUTO:
+        return False
+    own = _own_op(site, pinned)
+    chosen = PINNED[own] if own in PINNED else machine.backend(case.device.value, site, case.shape)
+    return chosen not in (None, "math")
+
+
+def _saved_sites(region: Region, model: Model, case: Case, machine: Machine) -> list[Site]:
+    """The drawing sites of `region` (its inner regions' included: they run inside its forward)
+    whose output its selective policy saves, so that its recompute does not redraw them."""
+    sites, pinned = region.sites(), _pinned(case.program)
+    if model.get("every"):
+        return [site for site in sites if draws(site)]
+    if model.get("first"):
+        first = next((site for site in sites if _seeded(site, pinned, case, machine)), None)
+        return [first] if first is not None and draws(first) else []
+    saved = {Op(o) for o in model.get("ops", ())}
+    return [site for site in sites if draws(site) and _own_op(site, pinned) in saved]
+
+
+def _flow(items: Sequence[Any], incoming: bool, invisible: frozenset[Passing], out: dict[int, bool],
+          body: dict[int, bool]) -> bool:
+    """Whether the activation after `items` requires grad, given whether it did before them, in a
+    reentrant case: a site multiplies by its weight (it does); a region's output requires grad only
+    where a tensor argument it sees does.  Fills `out` (region -> its output requires grad) and
+    `body` (region -> its body's output requires grad when its recompute runs it)."""
+    for group in reading_groups(tuple(items)):
+        results = []
+        for item in group:
+            if isinstance(item, Region):
+                body[id(item)] = _flow(item.items, True, invisible, out, body)
+                out[id(item)] = incoming and item.passing not in invisible
+                results.append(out[id(item)])
+            else:
+                results.append(True)
+        incoming = any(results)
+    return incoming
+
+
+def _invisible_effects(program: Any, effects: Effects, order: dict[Any, int]) -> None:
+    """The errors and failures of regions whose input a reentrant checkpoint cannot see: backward
+    raises where the loss, or a recomputed region's output, no longer requires grad; otherwise
+    the regions no gradient reaches are never recomputed (their draws are missing from the
+    recompute, their gradients and those upstream of them missing)."""
+    invisible = frozenset(effects.invisible)
+    hidden = [region for region in program.all_regions() if region.passing in invisible]
+    if not hidden:
+        return
+    index, message = effects.invisible[hidden[0].passing]
+    out: dict[int, bool] = {}
+    body: dict[int, bool] = {}
+    if not _flow(program.items(), True, invisible, out, body):
+        effects.raised.append((Raised(BACKWARD_START, 0, message, "the loss does not require grad: nothing "
+                                      f"after {hidden[0].name} (entered {hidden[0].passing.value}) carries a "
+                                      "gradient"), index))
+        return
+    reached, _ = _reached(program.items(), True, invisible, out, body)
+    for region in reached:
+        if not body[id(region)]:
+            effects.raised.append((Raised(RECOMPUTE, order[id(region)], message,
+                                          f"{region.name}'s recompute output does not require grad"), index))
+    effects.reached = {id(region) for region in reached}
+    effects.fails("gradient", index, f"{hidden[0].name} is entered {hidden[0].passing.value}: it gets no gradient "
+                  "path, so its gradients and those of everything upstream of it are missing")
+    effects.invisible_index = index
+
+
+def _reached(items: Sequence[Any], arrives: bool, invisible: frozenset[Passing], out: dict[int, bool],
+             body: dict[int, bool]) -> tuple[list[Region], bool]:
+    """The regions among `items` that a reentrant backward recomputes, given whether a gradient
+    arrives after them, and whether one reaches their input: walking back from the end, a region
+    gets a gradient where one arrives at its output and that output requires grad; it passes one
+    on to its input only where it sees that input; a site always does.  A recomputed region's own
+    items get one where its body's output requires grad (`_flow`)."""
+    reached: list[Region] = []
+    for group in reversed(list(reading_groups(tuple(items)))):
+        passes = False
+        for item in group:
+            if isinstance(item, Region):
+                if arrives and out[id(item)]:
+                    reached.append(item)
+                    reached.extend(_reached(item.items, body[id(item)], invisible, out, body)[0])
+                    passes = passes or item.passing not in invisible
+            else:
+                passes = passes or arrives
+        arrives = passes
+    return reached, arrives
+
+
+def _context_effects(case: Case, machine: Machine, model: Model, index: int, order: dict[Any, int],
+                     effects: Effects, reentrant: bool) -> None:
+    """What a recompute outside the region's context changes: under ``sdpa_kernel``, an attention
+    site on another backend (this machine's own choice); under ``autocast``, the region's first
+    matmul in the program's dtype instead of bfloat16 (nothing changes for a bfloat16 program).
+    Non-reentrant with a ``message``, the recompute raises; otherwise other gradients (and another
+    mask where the changed site draws)."""
+    device, message = case.device.value, model.get("message")
+    changed: list[tuple[Region, str, bool, "Site | None"]] = []  # region, why, whether a draw changes, site
+    if model.get("context") == ("autocast",):
+        if case.program.dtype.value != "bf16":
+            changed += [(region, f"{region.name}'s matmul ran in bfloat16 under autocast in forward; the "
+                                 f"recompute, outside it, runs it in {case.program.dtype.value}", False, None)
+                        for region in case.program.all_regions() if region.passing is Passing.AUTOCAST]
+    else:
+        pinned_of = _pinned(case.program)
+        for region in case.program.all_regions():
+            if region.passing is not Passing.SDPA_KERNEL:
+                continue
+            for site in region.sites():
+                if site.op not in ATTENTION or site.own_backend or site.name not in pinned_of:
+                    continue
+                pinned = PINNED.get(pinned_of[site.name])
+                chosen = machine.backend(device, site, case.shape)
+                if chosen is None or pinned is None or chosen == pinned:
+                    continue
+                changed.append((region, f"{site.name} ran on {pinned} under sdpa_kernel in forward; the recompute, "
+                                        f"outside it, runs on {chosen} (this machine's choice for {site.dtype.value}"
+                                        f"{' with dropout' if draws(site) else ' without dropout'})", draws(site),
+                                site))
+    for region, why, drawn, site in changed:
+        if message and not reentrant:
+            rank = order[site.name] if site is not None else order[id(region)]
+            effects.raised.append((Raised(RECOMPUTE, rank, message, why, site.index if site else -1), index))
+        else:
+            effects.fails("gradient", index, why)
+            if drawn:
+                effects.fails("recompute-mask", index)

@@ -1,0 +1,320 @@
+"""The draw simulation of `models` (`replay`): the reference run and the checkpointed run of a
+case side by side, streams as the sequences of draws they made, with each checkpoint's snapshots,
+recomputes and restores as the behaviours of its impl (`effects.Effects`) make them."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..model import ops
+from ..model.cases import Case
+from ..model.programs import Op, Passing, Region, Site
+
+if TYPE_CHECKING:
+    from .effects import Effects
+
+State = defaultdict  # stream -> the draws it made, in order (`replay`)
+
+
+# Ops whose record is the draw itself (a mask, a random tensor, sampled indices): a stream at the
+# same state draws the same record again.  The others record their output, which depends on their
+# input as well (F.dropout, attention): the same mask under another input is no stale record.
+RECORDS_THE_DRAW = frozenset(op.value for op in (
+    Op.NATIVE_DROPOUT, Op.BERNOULLI, Op.RAND, Op.RANDN, Op.RAND_LIKE, Op.RANDN_LIKE, Op.RANDINT, Op.NORMAL,
+    Op.UNIFORM, Op.MULTINOMIAL, Op.RANDPERM, Op.POISSON, Op.EXPONENTIAL))
+
+
+@dataclass
+class Frame:
+    """One checkpoint call in the replay: its snapshot, and where the impl keeps it (a slot of a
+    fixed pool, the ordinal of the call in its step), None where it keeps its own."""
+
+    state: Any
+    slot: "int | None" = None
+    ordinal: "int | None" = None
+
+
+def _stream_key(code: str, device: str) -> str:
+    """A site's stream code as the generator it draws from (b is an alias of a; on the CPU the
+    device's default generator is the CPU generator)."""
+    if code == "b":
+        return "a"
+    if code == "d":
+        return "cpu" if device == "cpu" else "d"
+    return code
+
+
+def draws(site: Site) -> bool:
+    return ops.REGISTRY[site.op].draws
+
+
+def backward_order(items: Sequence[Any]) -> list[Region]:
+    """The regions in the order backward recomputes them: the last top-level region first, each
+    region before the regions inside it (they recompute within its backward)."""
+    out: list[Region] = []
+    for region in reversed([item for item in items if isinstance(item, Region)]):
+        out.append(region)
+        out.extend(backward_order(region.items))
+    return out
+
+
+def unpack_order(program: Any) -> list[Region]:
+    """The order in which a non-reentrant backward recomputes the regions: each region's frame
+    recomputes when backward first needs a tensor it saved itself, i.e. at its last own site
+    (inner regions' tensors are their own frames'), the latest first; a region with no own site
+    saves nothing and never recomputes on its own."""
+    owned = []
+    for region in program.all_regions():
+        own = [float(item.index) for item in region.items if isinstance(item, Site)]
+        sites = region.sites()
+        if region.passing is Passing.AUTOCAST and sites:
+            own.append(sites[0].index - 0.5)  # the matmul an autocast region starts with saves its input
+        if own:
+            owned.append((max(own), region))
+    return [region for _, region in sorted(owned, key=lambda pair: pair[0], reverse=True)]
+
+
+def enclosing_regions(items: Sequence[Any], parent: "Region | None" = None) -> dict[int, "Region | None"]:
+    out: dict[int, Region | None] = {}
+    for item in items:
+        if isinstance(item, Region):
+            out[id(item)] = parent
+            out.update(enclosing_regions(item.items, item))
+    return out
+
+
+def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> dict[str, set[int]]:
+    """The draw simulation: oracle -> the entries (indexes) whose behaviour makes it fail, from
+    the stream positions of the reference and the checkpointed run; the first such draw of each
+    entry is described in ``effects.why``.  `reached`: the regions (ids) a reentrant backward
+    recomputes (None: every region).
+
+    A stream's state is the sequence of draws it has made (b is a's alias): two states are equal
+    where the same draws were made in the same order (a count would call [A, B] and [B, A]
+    equal).  Per iteration: the reference draws every site once; the checkpointed run draws the
+    same sites, and each region's checkpoint takes its snapshot on entry (after an extra draw of
+    its own, `extra-draw`; and puts the streams back on leaving, `rewound-after-forward`);
+    between forward and backward the interleaved draws step every stream in both runs.  Backward
+    recomputes the regions: reentrant, the last top-level region first, each followed by the
+    inner regions its recompute made (their snapshots taken in it); non-reentrant, in
+    `unpack_order`, each from its forward snapshot.  A recompute rewinds the streams it saves
+    to its snapshot, reruns its sites (all of them, or up to its last own site with
+    `early-stop`), skips the draws its policy saved, and puts every stream it saves back where it
+    was (not those `not-restored` leaves).  A rerun draw at another state than the forward's
+    fails recompute-mask; a forward draw at another state than the reference's, forward-mask and
+    output (and the same state as the iteration before, fresh-randomness, where the record is
+    the draw itself); a stream that ends an iteration elsewhere, live-stream; any of these but
+    live-stream, gradient."""
+    notes: dict[int, str] = {}
+    program, device = case.program, case.device.value
+    reentrant = case.mode.value == "reentrant"
+    early = effects.early_stop and not reentrant
+    code = case.streams()
+    key = {site.name: _stream_key(code[site.name], device) for site in program.sites()}
+    token = {site.name: f"{site.op.value}.{site.dtype.value}" for site in program.sites()}
+    enclosing = enclosing_regions(program.items())
+    keys = {*key.values(), "cpu" if device == "cpu" else "d"}
+    interleave = case.interleave.value == "draws"
+    checkpointed = {site.name for site in program.checkpointed_sites() if site.save is None}
+
+    def unsaved(region: Region) -> dict[str, int]:
+        """Stream -> the entry that leaves it unsaved, for `region` and the regions around it
+        (a recompute inside a region that left a stream live inherits that stream's shift)."""
+        found: dict[str, int] = {}
+        walk: Region | None = region
+        while walk is not None:
+            for streams, passings, index in effects.unsaved:
+                if passings is None or walk.passing in passings:
+                    for stream in streams:
+                        found.setdefault(stream, index)
+            walk = enclosing.get(id(walk))
+        return found
+
+    def fail(oracles: Sequence[str], cause: int) -> None:
+        for oracle in oracles:
+            causes.setdefault(oracle, set()).add(cause)
+
+    # Where snapshots are kept (`snapshot-slots`, `snapshots-frozen`): a region's recompute
+    # rewinds to what its ticket finds there, which may be another region's or step's state.
+    slots: list[State] = [State(tuple)] * (effects.slots[0] if effects.slots else 0)
+    pending: list[int] = []  # slots in use, oldest first
+    by_ordinal: dict[int, State] = {}  # `snapshots-frozen`: the state kept per region call of a step
+    step = {"number": 0, "ordinal": 0, "recomputing": 0}
+
+    def enter(snapshots: dict[int, Frame], region: Region) -> None:
+        """A checkpoint call: its extra draws, then its snapshot (and where it keeps it)."""
+        for stream, index in effects.extra.items():
+            ck[stream] += ("extra",)
+            moved_by.setdefault(stream, index)
+            notes.setdefault(index, f"{region.name}'s checkpoint draws from {stream} before its snapshot")
+        frame = Frame(State(tuple, ck))
+        if effects.slots:
+            free = [n for n in range(len(slots)) if n not in pending]
+            frame.slot = free[0] if free else pending.pop(0)  # no free slot: the oldest is overwritten
+            slots[frame.slot] = frame.state
+            pending.append(frame.slot)
+        if effects.frozen and not step["recomputing"]:
+            frame.ordinal = step["ordinal"]
+            step["ordinal"] += 1
+            if step["number"] < effects.frozen[0]:
+                by_ordinal[frame.ordinal] = frame.state
+        snapshots[id(region)] = frame
+
+    def target(frame: Frame, region: Region) -> tuple[State, int]:
+        """The state a recompute rewinds to, and the entry whose store gave another than its own."""
+        found, index = frame.state, -1
+        if frame.slot is not None:
+            found = slots[frame.slot]
+            if frame.slot in pending:
+                pending.remove(frame.slot)
+            index = effects.slots[1] if found is not frame.state else -1
+        if frame.ordinal is not None and frame.ordinal in by_ordinal:
+            found = by_ordinal[frame.ordinal]
+            index = effects.frozen[1] if found is not frame.state else -1
+        if index >= 0:
+            notes.setdefault(index, f"{region.name}'s recompute rewinds to a snapshot another checkpoint call took")
+        return found, index
+
+    def leave(snapshots: dict[int, Frame], region: Region) -> None:
+        """A checkpoint call returns: the streams `rewound-after-forward` puts back where it began."""
+        began = snapshots[id(region)].state
+        for stream, index in effects.rewound.items():
+            if ck[stream] != began[stream]:
+                ck[stream] = began[stream]
+                moved_by.setdefault(stream, index)
+                notes.setdefault(index, f"after {region.name}'s forward {stream} is put back where it was")
+
+    causes: dict[str, set[int]] = {}
+    ref, ck = State(tuple), State(tuple)
+    moved_by: dict[str, int] = {}  # stream -> the entry whose behaviour first moved it off the reference
+    last_fwd: dict[str, int] = {}
+    for iteration in range(program.iterations):
+        step.update(number=iteration, ordinal=0)
+        ref_fwd: dict[str, int] = {}
+        for site in program.sites():
+            if draws(site):
+                ref_fwd[site.name] = ref[key[site.name]]
+                ref[key[site.name]] += (token[site.name],)
+        snaps: dict[int, Frame] = {}
+        ck_fwd: dict[str, int] = {}
+
+        def forward(items: Sequence[Any]) -> None:
+            for item in items:
+                if isinstance(item, Region):
+                    enter(snaps, item)
+                    forward(item.items)
+                    leave(snaps, item)
+                else:
+                    if draws(item):
+                        ck_fwd[item.name] = ck[key[item.name]]
+                        ck[key[item.name]] += (token[item.name],)
+                    if item.save is not None:
+                        save_exit[item.name] = State(tuple, ck)  # what a hook snapshots there
+
+        save_exit: dict[str, State] = {}
+        forward(program.items())
+        for name, position in ck_fwd.items():
+            if position != ref_fwd[name]:
+                fail(("forward-mask", "output", "gradient"), moved_by.get(key[name], -1))
+            if last_fwd.get(name) == position and token[name].split(".")[0] in RECORDS_THE_DRAW:
+                fail(("fresh-randomness",), moved_by.get(key[name], -1))
+        last_fwd = dict(ck_fwd)
+        if interleave:
+            for stream in keys:
+                ref[stream] += ("interleaved",)
+                ck[stream] += ("interleaved",)
+
+        def recompute(region: Region, frame: Frame) -> None:
+            if reached is not None and id(region) not in reached:
+                return
+            free = unsaved(region)
+            saved_out = effects.saved_sites.get(id(region), {})
+            before = State(tuple, ck)
+            snap, stored_by = target(frame, region)
+            for stream in keys:
+                if stream not in free:
+                    ck[stream] = snap[stream]
+            order = region.sites()
+            mine = {id(item) for item in region.items if not isinstance(item, Region)}
+            last = max((n for n, site in enumerate(order) if id(site) in mine), default=-1)
+            stop = order[last] if early and last >= 0 else None
+            inner_snaps: dict[int, Frame] = {}
+            shift: dict[str, int] = {}  # stream -> the entry whose saved op shifted it in this pass
+
+            def rerun(items: Sequence[Any]) -> bool:
+                for item in items:
+                    if isinstance(item, Region):
+                        enter(inner_snaps, item)
+                        if rerun(item.items):
+                            return True
+                        leave(inner_snaps, item)
+                        continue
+                    if effects.save_skip and item.save is not None:
+                        # a SAVE region's body is not rerun: no draw; its hooks put back what
+                        # they snapshotted at its exit in forward
+                        for stream in effects.save_skip[0] & set(keys):
+                            ck[stream] = save_exit[item.name][stream]
+                        if item is stop:
+                            return True
+                        continue
+                    rerun_sites.add(item.name)
+                    if draws(item):
+                        stream = key[item.name]
+                        if item.name in saved_out:
+                            shift.setdefault(stream, saved_out[item.name])
+                        else:
+                            if ck[stream] != ck_fwd[item.name]:
+                                cause = free.get(stream, shift.get(stream, stored_by if stored_by >= 0
+                                                                   else moved_by.get(stream, -1)))
+                                # Non-reentrant, a draw the region's own saved tensors do not
+                                # depend on (an inner region's site after the region's last own
+                                # site: that inner region recomputes its own) changes no gradient.
+                                used = reentrant or id(item) in mine or order.index(item) < last
+                                fail(("recompute-mask", "gradient") if used else ("recompute-mask",), cause)
+                                how = ("from where the stream is live: the checkpoint does not save it"
+                                       if stream in free else "shifted: an earlier draw of its stream was "
+                                       "saved by the policy, not rerun" if stream in shift else "at another position")
+                                notes.setdefault(cause, f"{region.name}'s recompute redraws {item.name}@"
+                                                        f"{code[item.name]} {how}")
+                            ck[stream] += (token[item.name],)
+                            if stream in free:
+                                moved_by.setdefault(stream, free[stream])
+                    if item is stop:
+                        return True
+                return False
+
+            if not early or stop is not None:
+                step["recomputing"] += 1
+                rerun(region.items)
+                step["recomputing"] -= 1
+            for stream in keys:
+                if stream in effects.not_restored and stream not in free and ck[stream] != before[stream]:
+                    index = effects.not_restored[stream]
+                    moved_by.setdefault(stream, index)
+                    notes.setdefault(index, f"after {region.name}'s recompute {stream} stays where the "
+                                            "recompute left it")
+                elif stream not in free:
+                    ck[stream] = before[stream]
+            if reentrant:  # the inner regions' checkpoints, made by this recompute, recompute in its backward
+                for inner in reversed([item for item in region.items if isinstance(item, Region)]):
+                    recompute(inner, inner_snaps.get(id(inner), snaps[id(inner)]))
+
+        rerun_sites: set[str] = set()
+        if reentrant:
+            for region in reversed(program.regions()):
+                recompute(region, snaps[id(region)])
+        else:
+            for region in unpack_order(program):
+                recompute(region, snaps[id(region)])
+        if reached is not None and any(name not in rerun_sites for name in ck_fwd if name in checkpointed):
+            # A drawing site no recompute reruns: the recompute-mask oracle says "never recomputed"
+            # (not of a site in a SAVE region, which it allows to be kept).
+            fail(("recompute-mask",), effects.invisible_index)
+        for stream in keys:
+            if ck[stream] != ref[stream]:
+                fail(("live-stream",), moved_by.get(stream, -1))
+    for index, note in notes.items():
+        effects.why.setdefault(index, []).append(note)
+    return causes
