@@ -238,7 +238,7 @@ def test_recompute_mask_a_site_drawn_in_a_save_region_need_not_be_recomputed():
     # torch_remat's SAVE regions keep their activations: a draw there is not rerun by design
     ref, ck = make_pair()
     del ck.log.masks[(1, "s1", RECOMPUTE)]
-    ck.log.saved.add((1, "s1"))
+    ck.log.saved.add((1, "s1"))  # as MaskLog.mark_saved files it
     assert [m for m in run_check(ref, ck) if m.oracle == "recompute-mask"] == []
     # but a saved site that is rerun is compared like any other
     flip(ck.log.masks[(0, "s0", RECOMPUTE)][0], (1, 1))

@@ -193,3 +193,13 @@ def test_the_standalone_script_refuses_save_regions_it_cannot_mark(tmp_path, cap
     assert main(["repro", case, "--impl", "remat-hook", "--script", str(tmp_path / "r.py")]) == 2
     assert "--script does not mark SAVE regions yet" in capsys.readouterr().err
     assert not (tmp_path / "r.py").exists()
+
+
+@pytest.mark.parametrize("impl", ["bundled", "remat-hook"])
+def test_the_bare_run_of_bench_runs_save_regions(impl):
+    # bench times each case without the harness's records (its own session): a SAVE site must run
+    # there too (it once failed on the record it does not keep)
+    from harness.fronts.bench import bare_seconds
+
+    case = parse_case_id("nonreentrant-default-eager-(native_dropout+save(rand)+native_dropout)-none-cpu")
+    assert bare_seconds(case, impls.load(impl)) > 0

@@ -44,16 +44,19 @@ class MaskLog:
         if iteration < 0:
             self.captured = {}
 
-    def record(self, name: str, value: torch.Tensor, saved: bool = False) -> None:
-        """File a copy of `value` under `name` in the current iteration and phase; `saved`: a
-        forward draw inside a region the checkpoint saves instead of recomputing."""
+    def record(self, name: str, value: torch.Tensor) -> None:
+        """File a copy of `value` under `name` in the current iteration and phase."""
         copy = value.detach().clone()
-        if saved and self.iteration >= 0:
-            self.saved.add((self.iteration, name))
         if self.iteration < 0:
             self.captured.setdefault((name, self.phase), []).append(copy)
         else:
             self.masks.setdefault((self.iteration, name, self.phase), []).append(copy)
+
+    def mark_saved(self, name: str) -> None:
+        """Note that `name` drew in this iteration's forward inside a region the checkpoint saves
+        instead of recomputing (a SAVE region): the recompute need not draw it again."""
+        if self.iteration >= 0 and self.phase == FORWARD:
+            self.saved.add((self.iteration, name))
 
     def harvest(self, iteration: int) -> None:
         """File the captured buffers' current contents under `iteration` (after a replay)."""

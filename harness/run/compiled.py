@@ -94,7 +94,7 @@ def _run(case: Case, impl: Any, device: torch.device, tensors: Tensors, checkpoi
     seed_all()
     x, weights = tensors.fresh_leaves()
     record = RunRecord(MaskLog())
-    workload = CompiledWorkload(case, device, None, weights, checkpoint, record=lambda name, value, saved=False: None)
+    workload = CompiledWorkload(case, device, None, weights, checkpoint, record=lambda name, value: None)
     with impl.compiling(recompute=checkpoint is not None):
         forward = impl.compile(workload.program_forward)
         for it in range(iterations):

@@ -67,8 +67,10 @@ class DrawLog(TorchDispatchMode):
             drawn = rng_output(func, out)
             if drawn is not None:
                 path = self.stack[-1] if self.stack else ""
-                saved = self.log.phase == FORWARD and drawing_in_save_region()
-                self.log.record(f"{path or '<module>'} ({func._schema.name})", drawn, saved=saved)
+                name = f"{path or '<module>'} ({func._schema.name})"
+                self.log.record(name, drawn)
+                if self.log.phase == FORWARD and drawing_in_save_region():
+                    self.log.mark_saved(name)
         return out
 
 

@@ -180,7 +180,7 @@ class RunSession(TrackedRun):
         region_event = (lambda label: self.event(f"{self.record.log.phase} {label}")) if timeline is not None else None
         self.stream_roles = ambient.StreamRoles()
         self.workload = Workload(case, device, self.tracker, self.weights, checkpoint, self.record.log.record,
-                                 watch, region_event, self.ambient_point)
+                                 watch, region_event, self.ambient_point, self.record.log.mark_saved)
 
     def ambient_point(self, label: str) -> None:
         """File the ambient state now under `label` in the current iteration (warm-up and capture too)."""

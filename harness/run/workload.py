@@ -46,7 +46,7 @@ KEYWORD = "inp"  # the keyword a region takes its input by, in the keyword passi
 # checkpoint(fn, args, kwargs, like) -> fn(*args, **kwargs), checkpointed; `like` is the tensor the
 # region's output must resemble (its input, wherever that input travels).
 CheckpointFn = Callable[[Callable[..., Any], tuple, dict, torch.Tensor], torch.Tensor]
-Record = Callable[..., None]  # (name, value, saved=False): saved for a draw inside a SAVE region
+Record = Callable[[str, torch.Tensor], None]
 Watch = Callable[[str, bool, bool], None]  # site, advanced the default generator, advanced its stream
 Point = Callable[[str], None]  # the run reached a point where its ambient state is read ("after r0 forward")
 
@@ -187,8 +187,10 @@ class Workload:
         watch: Watch | None = None,
         event: Callable[[str], None] | None = None,
         point: Point | None = None,
+        mark_saved: Callable[[str], None] | None = None,
     ) -> None:
         self.case, self.device, self.tracker = case, device, tracker
+        self.mark_saved = mark_saved or (lambda name: None)
         self.weights, self.checkpoint, self.record = weights, checkpoint, record
         self.watch, self.event = watch, event or (lambda label: None)
         self.point = point
@@ -222,10 +224,9 @@ class Workload:
             after = self._states(site)
             stream_moved = before[1] is not None and not torch.equal(before[1], after[1])
             self.watch(site.name, not torch.equal(before[0], after[0]), stream_moved)  # type: ignore[misc]
+        self.record(site.name, drawn)
         if site.save is not None:
-            self.record(site.name, drawn, True)  # kept, not recomputed, where the impl saves it
-        else:
-            self.record(site.name, drawn)
+            self.mark_saved(site.name)  # kept, not recomputed, where the impl keeps SAVE regions
         # The weight comes after the record on purpose: a non-reentrant recompute may stop early
         # once the last saved tensor is rebuilt (torch's early stop), and this multiply is what
         # saves last, so every RNG output is recorded before the stop.
