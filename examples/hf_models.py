@@ -109,3 +109,52 @@ def bart(checkpointing: bool = False, reentrant: bool = False, layerdrop: float 
 def bart_layerdrop(checkpointing: bool = False) -> ModelCase:
     """BART with ``layerdrop=0.3``: each layer skips itself at random (a ``torch.rand([])`` draw)."""
     return bart(checkpointing, layerdrop=0.3)
+
+
+def _save_region(module: torch.nn.Module, name: str) -> None:
+    """Run `module`'s forward as a torch_remat SAVE region (``recompute=False``): its activations,
+    attention dropout included, are kept, not recomputed; its output is marked as needed by the
+    recompute around it (the residual add after it reads it).  The module and its parameters stay
+    where they are: only its ``forward`` is wrapped."""
+    import torch_remat as remat
+
+    inner = module.forward
+
+    def forward(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = remat.region(inner, name, recompute=False)(*args, **kwargs)
+        remat.recompute_needs_tensor(out[0] if isinstance(out, (tuple, list)) else out)
+        return out
+
+    module.forward = forward  # type: ignore[method-assign]
+
+
+def gpt2_remat(checkpointing: bool = False, hook: str = "harness") -> ModelCase:
+    """GPT-2 checkpointed by torch_remat through transformers' own hook for it
+    (``_set_gradient_checkpointing(gradient_checkpointing_func=...)``, what
+    ``gradient_checkpointing_enable`` calls), each block's attention a SAVE region; `hook`:
+    ``harness`` (`harness.checkpoint.RecomputeRNGHook`) or ``none`` (torch_remat's default)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.1,
+                        embd_pdrop=0.1, attn_pdrop=0.1, attn_implementation="eager", bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+    if checkpointing:
+        import torch_remat as remat
+
+        from harness.checkpoint import RecomputeRNGHook
+
+        hooks = (RecomputeRNGHook(),) if hook == "harness" else ()
+
+        def remat_checkpoint(function, *args):  # type: ignore[no-untyped-def]
+            return remat.checkpoint(region_name="block", recompute_state_hooks=hooks)(function)(*args)
+
+        for block in model.transformer.h:
+            _save_region(block.attn, "attention")
+        model.train()
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=remat_checkpoint)
+    return _decoder_only(model)
+
+
+def gpt2_remat_no_hook(checkpointing: bool = False) -> ModelCase:
+    """The same with torch_remat's default: no RecomputeStateHook."""
+    return gpt2_remat(checkpointing, hook="none")

@@ -203,3 +203,20 @@ def test_the_bare_run_of_bench_runs_save_regions(impl):
 
     case = parse_case_id("nonreentrant-default-eager-(native_dropout+save(rand)+native_dropout)-none-cpu")
     assert bare_seconds(case, impls.load(impl)) > 0
+
+
+@pytest.mark.parametrize("factory, outcome", [("gpt2_remat", "pass"), ("gpt2_remat_no_hook", "mismatch")])
+def test_a_real_model_checkpointed_by_torch_remat_with_attention_in_a_save_region(factory, outcome, capsys):
+    # transformers' GPT-2 (tiny config, no download) checkpointed through its own
+    # gradient-checkpointing hook by torch_remat, each block's attention a SAVE region
+    pytest.importorskip("transformers")
+    from harness.fronts.cli import main
+
+    code = main(["module", f"examples.hf_models:{factory}", "--impl", "as-built", "--mode", "nonreentrant",
+                 "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert f"as-built examples.hf_models:{factory} (cpu, eager, as-built): {outcome}" in out, out
+    assert code == (0 if outcome == "pass" else 1)
+    if outcome == "mismatch":  # the recomputed MLP dropout; the saved attention's dropout is kept
+        assert "recompute-mask transformer.h.0.mlp.dropout (aten::bernoulli_)" in out
+        assert "attn_dropout" not in out
