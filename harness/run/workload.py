@@ -225,8 +225,6 @@ class Workload:
             stream_moved = before[1] is not None and not torch.equal(before[1], after[1])
             self.watch(site.name, not torch.equal(before[0], after[0]), stream_moved)  # type: ignore[misc]
         self.record(site.name, drawn)
-        if site.save is not None:
-            self.mark_saved(site.name)  # kept, not recomputed, where the impl keeps SAVE regions
         # The weight comes after the record on purpose: a non-reentrant recompute may stop early
         # once the last saved tensor is rebuilt (torch's early stop), and this multiply is what
         # saves last, so every RNG output is recorded before the stop.
@@ -268,7 +266,10 @@ class Workload:
             save_region = getattr(self.checkpoint, "save_region", None)
             if item.save is not None and save_region is not None:
                 # one SAVE region per site: the same kept activations and skipped draws as one
-                # around the whole save(...) group, and a name unique in its checkpoint
+                # around the whole save(...) group, and a name unique in its checkpoint; its draw
+                # is kept, not redrawn, so the recompute need not draw it (only where the impl
+                # keeps SAVE regions: for every other impl the site is recomputed like the rest)
+                self.mark_saved(item.name)
                 return save_region(lambda t, site=item: self._site(site, t), f"save{item.save}.{item.name}")(h)
             return self._site(item, h)
         if top_level and self.point is not None and h.requires_grad:

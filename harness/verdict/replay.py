@@ -117,7 +117,9 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
     enclosing = enclosing_regions(program.items())
     keys = {*key.values(), "cpu" if device == "cpu" else "d"}
     interleave = case.interleave.value == "draws"
-    checkpointed = {site.name for site in program.checkpointed_sites() if site.save is None}
+    # (a site in a SAVE region counts only where the impl keeps SAVE regions: `skips-save-regions`)
+    checkpointed = {site.name for site in program.checkpointed_sites()
+                    if site.save is None or effects.save_skip is None}
 
     def unsaved(region: Region) -> dict[str, int]:
         """Stream -> the entry that leaves it unsaved, for `region` and the regions around it
