@@ -220,3 +220,25 @@ def test_a_real_model_checkpointed_by_torch_remat_with_attention_in_a_save_regio
     if outcome == "mismatch":  # the recomputed MLP dropout; the saved attention's dropout is kept
         assert "recompute-mask transformer.h.0.mlp.dropout (aten::bernoulli_)" in out
         assert "attn_dropout" not in out
+
+
+@pytest.mark.parametrize("case_id", [
+    "nonreentrant-tracked-eager-flat-none-cpu",
+    "nonreentrant-default-eager-keyword(native_dropout)+native_dropout-draws-cpu",
+    "nonreentrant-default-eager-(sdpa_kernel(sdpa_math+sdpa_auto))-none-cpu",
+])
+def test_torch_composable_checkpoint_judges_like_torch(case_id):
+    # issue 39: torch's composable checkpoint(module) is its non-reentrant checkpoint behind module
+    # hooks: the same outcome, oracles and error as torch, and torch's entries claim it alike
+    case = parse_case_id(case_id)
+    entries = expectations.load()
+    got, claimed = {}, {}
+    for impl in ("torch", "torch-composable"):
+        result = runner.run(case, impls.load(impl))
+        got[impl] = (result.outcome.value, sorted({m.oracle for m in result.mismatches}), result.error.split(":")[0])
+        entry = expectations.find(entries, impl, case)
+        claimed[impl] = (entry.label, entry.expected()) if entry else None
+    assert got["torch"] == got["torch-composable"]
+    assert claimed["torch"] == claimed["torch-composable"]
+    assert "non-reentrant only" in impls.load("torch-composable").supports(parse_case_id(
+        "reentrant-default-eager-flat-none-cpu"))

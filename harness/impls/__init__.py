@@ -54,6 +54,7 @@ BUILTIN: dict[str, str] = {
     "torch-checkpoint-wrapper": "harness.impls.torch_checkpoint:make_checkpoint_wrapper",
     "torch-decorator": "harness.impls.torch_checkpoint:make_decorator",
     "torch-partial": "harness.impls.torch_checkpoint:make_partial",
+    "torch-composable": "harness.impls.torch_checkpoint:make_composable",
     "torch-compile": "harness.impls.compiled:make_compiled",
     "torch-compile-budget": "harness.impls.compiled:make_budget",
     # torch_remat (issue 38): no hook, its README's hook, the harness's hook.

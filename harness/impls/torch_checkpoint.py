@@ -151,6 +151,40 @@ class PartialAdapter(TorchAdapter):
             return torch.utils.checkpoint.checkpoint(bound, *args, use_reentrant=reentrant, preserve_rng_state=True)
 
 
+def _composable() -> Any:
+    """torch's composable ``checkpoint(module)`` (``torch.distributed._composable``), or None
+    where this torch lacks it."""
+    try:
+        from torch.distributed._composable import checkpoint as composable
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    return composable
+
+
+class ComposableAdapter(TorchAdapter):
+    """``torch.distributed._composable.checkpoint(module)``: forward hooks that run the module's
+    forward under torch's non-reentrant checkpoint (its default ``preserve_rng_state=True``),
+    around a module running the region; called with the region's arguments and keywords."""
+
+    name = "torch-composable"
+    must_support_all = False
+    description = "torch.distributed._composable.checkpoint(module): torch's non-reentrant checkpoint as module hooks"
+
+    def unavailable(self) -> str | None:
+        return None if _composable() else "this torch has no torch.distributed._composable.checkpoint"
+
+    def supports(self, case: Any) -> str | None:
+        reason = self.unavailable()
+        if reason is None and case.mode.value == "reentrant":
+            reason = "composable checkpoint is non-reentrant only (torch raises for use_reentrant=True)"
+        return reason
+
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        module = _Region(fn)
+        _composable()(module)
+        return module(*args, **kwargs)
+
+
 def make_torch() -> Adapter:
     return TorchAdapter()
 
@@ -165,3 +199,7 @@ def make_decorator() -> Adapter:
 
 def make_partial() -> Adapter:
     return PartialAdapter()
+
+
+def make_composable() -> Adapter:
+    return ComposableAdapter()
