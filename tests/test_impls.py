@@ -337,7 +337,8 @@ def test_bundled_counts_an_sdpa_auto_site_in_a_region_as_the_backend_torch_picks
     asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch, "zeros", lambda shape, device, dtype: asked.append((shape, dtype)) or "q")
-    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda q, k, v: int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
+    monkeypatch.setattr(torch, "_fused_sdp_choice",
+                        lambda q, k, v, *mask_and_dropout: int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
                         raising=False)
     inside = parse_case_id("reentrant-default-single-(native_dropout+sdpa_auto.bf16)-none-cuda")
     assert bundled.auto_backends(inside) == {"cudnn"} and asked == [((1, 1, 64, 64), torch.bfloat16)]

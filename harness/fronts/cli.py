@@ -872,10 +872,7 @@ def cmd_expectations(args: argparse.Namespace) -> int:
             raise UsageError(f"--impl {args.impl!r} is no known implementation; the names: python -m harness list "
                              "--impls (an import path pkg.mod:factory also counts)")
         if args.version is not None:
-            try:
-                Version(args.version.strip())
-            except InvalidVersion:
-                raise UsageError(f"--version {args.version!r} is not a PEP 440 version (e.g. 2.11.0, 0.16.1)") from None
+            _pep440(args.version, "--version", "2.11.0, 0.16.1")
         found = expectations_mod.find(entries, args.impl, case, version=args.version)
         print(f"{args.impl} {case.id}: " + (f"claimed by {found.label}: expects {found.expected()}" if found
                                              else "no entry claims it: a failure is a failure, a pass a pass"))
@@ -891,28 +888,39 @@ def cmd_expectations(args: argparse.Namespace) -> int:
         return _audit(args, entries)
     if args.action == "diff":
         return _diff(args, entries)
-    devices = [d.strip() for d in args.device.split(",") if d.strip()]
-    bad = [d for d in devices if d not in ("cpu", "cuda")]
-    if bad:
-        raise UsageError(f"unknown device {bad[0]!r}; valid values: cpu, cuda")
+    devices = _matrix_devices(args.device)
     lines = expectations_mod.conflicts(entries, [c for d in devices for c in generate(device=d)])
     print("\n".join(lines) if lines else "no conflicts")
     return 1 if lines else 0
+
+
+def _matrix_devices(value: str) -> list[str]:
+    """The devices of a ``--device cpu,cuda`` list of the expectations commands; an unknown one
+    is one line (UsageError)."""
+    devices = [d.strip() for d in value.split(",") if d.strip()]
+    bad = [d for d in devices if d not in ("cpu", "cuda")]
+    if bad:
+        raise UsageError(f"unknown device {bad[0]!r}; valid values: cpu, cuda")
+    return devices
+
+
+def _pep440(value: str, flag: str, example: str) -> None:
+    """A version a flag names must be PEP 440; otherwise one line (UsageError)."""
+    try:
+        Version(value.strip())
+    except InvalidVersion:
+        raise UsageError(f"{flag} {value!r} is not a PEP 440 version (e.g. {example})") from None
 
 
 def _diff(args: argparse.Namespace, entries: list[Any]) -> int:
     """`expectations diff`: the cells of the default matrices OLD claims otherwise than the file."""
     from ..verdict import diff
 
-    devices = [d.strip() for d in args.device.split(",") if d.strip()]
-    bad = [d for d in devices if d not in ("cpu", "cuda")]
-    if bad or not devices:
-        raise UsageError(f"unknown device {bad[0] if bad else args.device!r}; valid values: cpu, cuda")
+    devices = _matrix_devices(args.device)
+    if not devices:
+        raise UsageError(f"unknown device {args.device!r}; valid values: cpu, cuda")
     if args.torch is not None:
-        try:
-            Version(args.torch.strip())
-        except InvalidVersion:
-            raise UsageError(f"--torch {args.torch!r} is not a PEP 440 version (e.g. 2.11.0)") from None
+        _pep440(args.torch, "--torch", "2.11.0")
     old = expectations_mod.load(args.old)
     found = diff.claim_diff(old, entries, sorted(impls.registered()),
                             [case for device in devices for case in generate(device=device)],

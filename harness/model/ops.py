@@ -242,6 +242,23 @@ _BACKEND_NAMES = {"EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn"
                   "MATH": "math"}
 
 
+def _choice_names() -> "dict[int, str] | None":
+    """``SDPBackend`` value -> the name limits and messages use, or None where this torch cannot
+    say which backend it picks (no ``torch._fused_sdp_choice`` or no ``SDPBackend``)."""
+    backend_type = getattr(getattr(torch.nn, "attention", None), "SDPBackend", None)
+    if getattr(torch, "_fused_sdp_choice", None) is None or backend_type is None:
+        return None
+    # SDPBackend is a pybind11 enum (not iterable): look its members up by name.
+    return {int(getattr(backend_type, member)): name for member, name in _BACKEND_NAMES.items()
+            if hasattr(backend_type, member)}
+
+
+def _chosen(q: torch.Tensor, dropout_p: float) -> str:
+    """The backend torch picks for attention of `q` with this dropout ("unknown" for one not named)."""
+    names = _choice_names() or {}
+    return names.get(int(torch._fused_sdp_choice(q, q, q, None, dropout_p)), "unknown")
+
+
 @functools.lru_cache(maxsize=None)
 def default_backend(device: str, dtype: Dtype, shape: Shape, dropout: bool) -> str | None:
     """The attention backend torch picks on this machine's `device` type ("cpu" or "cuda") for
@@ -250,16 +267,12 @@ def default_backend(device: str, dtype: Dtype, shape: Shape, dropout: bool) -> s
     outside such a context runs.  "math", "flash", "efficient", "cudnn" ("unknown" for another),
     or None where this torch cannot be asked or the device is absent here.  Probed once per
     combination.  (On the CPU, torch 2.13: flash without dropout, math with it.)"""
-    choose = getattr(torch, "_fused_sdp_choice", None)
-    backend_type = getattr(getattr(torch.nn, "attention", None), "SDPBackend", None)
-    if choose is None or backend_type is None or (device == "cuda" and not torch.cuda.is_available()):
+    if _choice_names() is None or (device == "cuda" and not torch.cuda.is_available()):
         return None
-    names = {int(getattr(backend_type, member)): name for member, name in _BACKEND_NAMES.items()
-             if hasattr(backend_type, member)}
     q = torch.zeros(ATTENTION_VIEWS[shape], device=device, dtype=getattr(torch, TORCH_DTYPES[dtype]),
                     requires_grad=dropout)
     try:
-        return names.get(int(choose(q, q, q, None, DROPOUT_P if dropout else 0.0)), "unknown")
+        return _chosen(q, DROPOUT_P if dropout else 0.0)
     except (RuntimeError, TypeError):
         return None
 
@@ -272,12 +285,7 @@ def auto_backend(dtype: Dtype, shape: Shape) -> str | None:
     once per combination, like `unrunnable`.
     (On the H200, torch 2.11: memory-efficient for f32 at 64x64 and 1024x1024, cuDNN for bf16
     and f16 there, flash or math at 63x65.)"""
-    choose = getattr(torch, "_fused_sdp_choice", None)
-    backend_type = getattr(getattr(torch.nn, "attention", None), "SDPBackend", None)
-    if choose is None or backend_type is None:
+    if _choice_names() is None:
         return None
-    # SDPBackend is a pybind11 enum (not iterable): look its members up by name.
-    names = {int(getattr(backend_type, member)): name for member, name in _BACKEND_NAMES.items()
-             if hasattr(backend_type, member)}
     q = torch.zeros(ATTENTION_VIEWS[shape], device="cuda", dtype=getattr(torch, TORCH_DTYPES[dtype]))
-    return names.get(int(choose(q, q, q)), "unknown")
+    return _chosen(q, 0.0)

@@ -127,8 +127,9 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
                                     frozenset(Passing(p) for p in passing) if passing else None, index))
         elif name == "saved-rng-ops":
             message = model.get("mutated_message")
+            pinned = _pinned(program)  # the same for every region of the case
             for region in program.all_regions():
-                chosen = _saved_sites(region, model, case, machine)
+                chosen = _saved_sites(region, model, case, machine, pinned)
                 for site in chosen:
                     effects.saved_sites.setdefault(id(region), {}).setdefault(site.name, index)
                 hit = next((site for site in chosen if site.op in IN_PLACE.get(device, ())), None)
@@ -203,10 +204,10 @@ def _seeded(site: Site, pinned: dict[str, Op], case: Case, machine: Machine) -> 
     return chosen not in (None, "math")
 
 
-def _saved_sites(region: Region, model: Model, case: Case, machine: Machine) -> list[Site]:
+def _saved_sites(region: Region, model: Model, case: Case, machine: Machine, pinned: dict[str, Op]) -> list[Site]:
     """The drawing sites of `region` (its inner regions' included: they run inside its forward)
     whose output its selective policy saves, so that its recompute does not redraw them."""
-    sites, pinned = region.sites(), _pinned(case.program)
+    sites = region.sites()
     if model.get("every"):
         return [site for site in sites if draws(site)]
     if model.get("first"):
