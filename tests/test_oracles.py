@@ -246,6 +246,23 @@ def test_recompute_mask_a_site_drawn_in_a_save_region_need_not_be_recomputed():
     assert one(run_check(ref, ck), "recompute-mask", "s0", 0).count == 1
 
 
+def test_a_save_region_draw_marked_while_capturing_counts_for_every_replay():
+    # under capture the forward runs once, into the graph; each replay is filed by harvest(it),
+    # and the SAVE marks must follow, or every replay's kept draw reads as "never recomputed"
+    log = MaskLog()
+    log.start(CAPTURE)
+    log.record("s0", torch.ones(2))
+    log.mark_saved("s0")
+    log.phase = RECOMPUTE
+    log.mark_saved("s1")  # only a forward draw is kept
+    for it in (0, 1):
+        log.harvest(it)
+    assert log.saved == {(0, "s0"), (1, "s0")}
+    log.start(CAPTURE)  # a new capture starts with nothing marked
+    log.harvest(2)
+    assert (2, "s0") not in log.saved
+
+
 def test_recompute_mask_second_of_two_recomputes_differs():
     ref, ck = make_pair()
     second = _mask(0, "s0")

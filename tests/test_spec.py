@@ -113,6 +113,9 @@ def test_a_bad_spec_is_one_line_naming_the_problem(text, message):
      "the sdpa_kernel context only matters to an attention op"),
     ("nonreentrant-default-eager-sdpa_kernel(sdpa_math+sdpa_efficient.f16)-none-cuda", "region r0 chooses sdpa_math's"),
     ("nonreentrant-default-eager-(sdpa_flash)-none-cuda", "sdpa_flash has no float32 kernel"),
+    # sdpa_auto chooses no backend of its own inside the region: flash is all it may use (H200 fuzz)
+    ("reentrant-default-eager-(sdpa_kernel(sdpa_auto+sdpa_flash.bf16))-none-cuda",
+     "an sdpa_auto site runs on the backend its sdpa_kernel region chooses, and sdpa_flash has no float32"),
     ("nonreentrant-default-eager-(rand)-none-gpu", "unknown device"),
 ])
 def test_the_rules_refuse_an_invalid_spec_case_with_its_reason(case_id, reason):

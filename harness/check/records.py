@@ -37,12 +37,13 @@ class MaskLog:
     # (iteration, name) of forward draws made inside a region the checkpoint keeps rather than
     # recomputes (a torch_remat SAVE region): their absence from the recompute is by design.
     saved: set[tuple[int, str]] = field(default_factory=set)
+    captured_saved: set[str] = field(default_factory=set)  # as `saved`, for the captured forward
 
     def start(self, iteration: int) -> None:
         """Begin an iteration; a negative one (warm-up or capture) is not kept as a result."""
         self.iteration, self.phase = iteration, FORWARD
         if iteration < 0:
-            self.captured = {}
+            self.captured, self.captured_saved = {}, set()
 
     def record(self, name: str, value: torch.Tensor) -> None:
         """File a copy of `value` under `name` in the current iteration and phase."""
@@ -55,13 +56,19 @@ class MaskLog:
     def mark_saved(self, name: str) -> None:
         """Note that `name` drew in this iteration's forward inside a region the checkpoint saves
         instead of recomputing (a SAVE region): the recompute need not draw it again."""
-        if self.iteration >= 0 and self.phase == FORWARD:
+        if self.phase != FORWARD:
+            return
+        if self.iteration < 0:
+            # a captured forward: each replay draws it in a SAVE region too (`harvest`)
+            self.captured_saved.add(name)
+        else:
             self.saved.add((self.iteration, name))
 
     def harvest(self, iteration: int) -> None:
         """File the captured buffers' current contents under `iteration` (after a replay)."""
         for (name, phase), buffers in self.captured.items():
             self.masks[(iteration, name, phase)] = [b.clone() for b in buffers]
+        self.saved.update((iteration, name) for name in self.captured_saved)
 
 
 @dataclass

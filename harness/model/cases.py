@@ -150,7 +150,20 @@ def _kernel_reason(c: Case) -> str | None:
         if attention != {region.backend}:
             return (f"region {region.name} chooses {region.backend.value if region.backend else '?'}'s backend "
                     f"around attention sites of {', '.join(sorted(op.value for op in attention))}")
+    for backend, dtype in kernel_auto_attention(c.program):
+        # sdpa_auto runs on whatever backend the flags allow: inside the region, only the chosen one
+        reason = ops.invalid_reason(backend, dtype, c.shape, c.device.value)
+        if reason:
+            return f"an sdpa_auto site runs on the backend its sdpa_kernel region chooses, and {reason}"
     return None
+
+
+def kernel_auto_attention(program: "Program") -> "list[tuple[Op, Dtype]]":
+    """(backend op, dtype) of every ``sdpa_auto`` site inside an ``sdpa_kernel`` region: such a site
+    chooses no backend of its own, so it runs on the one its region's context allows."""
+    return [(region.backend, site.dtype) for region in program.all_regions()
+            if region.passing is Passing.SDPA_KERNEL and region.backend is not None
+            for site in region.sites() if site.op is Op.SDPA_AUTO]
 
 
 def _stream_reason(c: Case) -> str | None:

@@ -18,7 +18,7 @@ from ..check.records import FORWARD, RECOMPUTE, WARMUP, MaskLog, RunRecord
 from ..check.reference import check_reference
 from ..errors import HarnessError
 from ..model import ops
-from ..model.cases import Case, Device, Interleave, Layout, Mode, parse_case_id
+from ..model.cases import Case, Device, Interleave, Layout, Mode, kernel_auto_attention, parse_case_id
 from ..results import OUTSIDE_IMPL, CaseRecord, Mismatch, Outcome
 from . import ambient
 from .capture import execute
@@ -87,7 +87,7 @@ def environment_skip(case: Case) -> str | None:
     attention backend this GPU or torch build does not offer for the program's input."""
     if case.device is Device.CUDA and not torch.cuda.is_available():
         return "no CUDA device is visible"
-    for op, dtype in case.program.op_dtypes():
+    for op, dtype in (*case.program.op_dtypes(), *kernel_auto_attention(case.program)):
         reason = ops.unrunnable(op, dtype, case.shape, case.device.value)
         if reason:
             return reason
