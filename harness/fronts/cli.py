@@ -290,6 +290,9 @@ def _parser() -> argparse.ArgumentParser:
     p_audit.add_argument("--keep", metavar="FILE.jsonl.gz", default=None,
                          help="also write the records read, reduced to what the audit reads and gzipped: the form "
                               "cases/records/ keeps as data")
+    p_audit.add_argument("--machine", default=None, metavar="FACTS.json",
+                         help="facts of the machine the records ran on (e.g. cases/machines/h200-torch2.11.json), "
+                              "for what a record's own machine_facts lack")
     p_diff = exp_sub.add_parser("diff", help="the cells of the default matrices that another expectations file "
                                              "claims differently (exit 1 when any)")
     p_diff.add_argument("old", metavar="OLD.toml", help="the expectations file to compare with (e.g. git show "
@@ -937,14 +940,14 @@ def _audit(args: argparse.Namespace, entries: list[Any]) -> int:
     """`expectations audit`: the table of `verdict.audit` over every record of the files given."""
     from tabulate import tabulate
 
-    from ..verdict import audit
+    from ..verdict import audit, diff
 
     if args.keep:
         if not args.keep.endswith(".jsonl.gz"):
             raise UsageError(f"--keep {args.keep}: the file's name must end in .jsonl.gz (it is written gzipped)")
         reporting.check_output_file(args.keep, "--keep")
     records = [record for location in args.results for record in report_cli.read_nonempty(location)]
-    found = audit.audit(records, entries)
+    found = audit.audit(records, entries, diff.load_machine(args.machine).known if args.machine else None)
     if args.keep:
         text = "".join(json.dumps(audit.essentials(r), sort_keys=True) + "\n" for r in records)
         # mtime 0: the same records give the same bytes each time

@@ -125,9 +125,12 @@ def _failure(record: Mapping[str, Any], fired: Sequence[str]) -> str:
     return f"{outcome}: {first[0][:160]}" if first else outcome
 
 
-def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation]) -> Audit:
+def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation],
+          facts: "Mapping[str, Any] | None" = None) -> Audit:
     """Judge every record again under `entries` and count, per entry, the claims it gets right,
-    the stale and wrong ones, and the failures it misses (module docstring)."""
+    the stale and wrong ones, and the failures it misses (module docstring).  `facts`: machine
+    facts (`models.Machine`) for what a record's own ``machine_facts`` lack (the machine the
+    records ran on, as a file keeps it: a model asks what the run did not)."""
     result = Audit()
     for record in records:
         result.records += 1
@@ -149,7 +152,7 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation]) 
         version = record.get("impl_version")
         torch_version = (record.get("env") or {}).get("torch")
         shown = f"{record.get('case_id')}: {_failure(record, fired) if outcome != 'pass' else 'pass'}"
-        machine = record_machine(record)
+        machine = record_machine(record, facts)
         entry = find(entries, impl, case, version=version, torch_version=torch_version, machine=machine)
         verdict = judge(outcome, fired, error, entry, impl=impl).verdict
         if entry is not None:
@@ -202,11 +205,13 @@ def expecting_entry(entries: Sequence[Expectation], impl: str, outcome: str, fir
     return next(e for e in expecting if len(e.oracles) == most)
 
 
-def record_machine(record: Mapping[str, Any]) -> Machine:
+def record_machine(record: Mapping[str, Any], fallback: "Mapping[str, Any] | None" = None) -> Machine:
     """What the installed torch did where `record` ran, for the models: the facts the record keeps
-    (``machine_facts``), and where it ran on this torch, what this machine answers besides."""
+    (``machine_facts``), then `fallback`'s (facts of that machine kept in a file), and where it
+    ran on this torch, what this machine answers besides."""
     torch_version = (record.get("env") or {}).get("torch")
     facts = record.get("machine_facts")
     import torch
 
-    return Machine(facts if isinstance(facts, Mapping) else None, probe=torch_version == torch.__version__)
+    known = {**(fallback or {}), **(facts if isinstance(facts, Mapping) else {})}
+    return Machine(known, probe=torch_version == torch.__version__)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..model.cases import Case
-from ..model.programs import SDPA_OPS, Op, Passing, Region, Site, reading_groups
+from ..model.programs import SDPA_OPS, Dtype, Op, Passing, Region, Site, reading_groups
 from .replay import backward_order, draws, enclosing_regions, unpack_order
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class Effects:
     # `skips-save-regions`: the streams its hooks put back after each SAVE region, entry index
     save_skip: "tuple[frozenset[str], int] | None" = None
     early_stop: bool = False
+    nested_frames: bool = False  # `nested-frames`: an inner region's inputs sit in its enclosing frame
     raised: list[tuple[Raised, int]] = field(default_factory=list)
     mismatch: dict[str, set[int]] = field(default_factory=dict)  # oracle -> entry indexes
     why: dict[int, list[str]] = field(default_factory=dict)
@@ -102,6 +103,20 @@ def _pinned(program: Any) -> dict[str, Op]:
     return out
 
 
+def _autocast_sites(program: Any) -> frozenset[str]:
+    """The sites that run inside an autocast region (at any depth)."""
+    return frozenset(site.name for region in program.all_regions() if region.passing is Passing.AUTOCAST
+                     for site in region.sites())
+
+
+def _run_dtype(site: Site, under_autocast: frozenset[str]) -> Dtype:
+    """The dtype an attention site's kernel runs in: bfloat16 inside an autocast region (autocast
+    casts attention to its dtype, the workload's bfloat16), its own elsewhere; the attention
+    backend torch picks depends on it (on the H200, float32 attention of the odd shape runs on
+    math, bfloat16 on flash)."""
+    return Dtype.BF16 if site.op in ATTENTION and site.name in under_autocast else site.dtype
+
+
 def _own_op(site: Site, pinned: dict[str, Op]) -> Op:
     """The attention op a site runs in its forward: the pinned backend under sdpa_kernel."""
     if site.op in ATTENTION and not site.own_backend and site.name in pinned:
@@ -113,7 +128,8 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
     device, reentrant = case.device.value, case.mode.value == "reentrant"
     program = case.program
     effects = Effects()
-    ranked = backward_order(program.items()) if reentrant else unpack_order(program)
+    effects.nested_frames = any(model.behaviour == "nested-frames" for model in models)
+    ranked = backward_order(program.items()) if reentrant else unpack_order(program, effects.nested_frames)
     ranked += [r for r in program.all_regions() if r not in ranked]  # no own site: never on their own
     order = {id(r): n for n, r in enumerate(ranked)}
     for region in program.all_regions():  # outer before inner: a site's innermost region recomputes it
@@ -148,7 +164,12 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
             for passing in model.get("passing"):
                 effects.invisible.setdefault(Passing(passing), (index, model.get("message")))
         elif name == "context-not-replayed":
-            _context_effects(case, machine, model, index, order, effects, reentrant)
+            # whether the recompute runs under the forward's autocast: unless this impl's models
+            # say it does not replay autocast either
+            replays_autocast = not any(m.behaviour == "context-not-replayed" and m.get("context") == ("autocast",)
+                                       for m in models)
+            policies = [m for m in models if m.behaviour == "saved-rng-ops"]
+            _context_effects(case, machine, model, index, order, effects, reentrant, replays_autocast, policies)
         elif name == "not-restored":
             for stream in _kinds(model.get("streams"), device):
                 effects.not_restored.setdefault(stream, index)
@@ -186,6 +207,8 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
             effects.save_skip = effects.save_skip or (_kinds(model.get("restored", ()), device), index)
         elif name == "early-stop":
             effects.early_stop = True
+        elif name == "nested-frames":
+            pass  # read before the loop: it orders the recomputes
     if effects.invisible:
         _invisible_effects(program, effects, order)
     return effects
@@ -200,7 +223,8 @@ def _seeded(site: Site, pinned: dict[str, Op], case: Case, machine: Machine) -> 
     if site.op is not Op.SDPA_AUTO:
         return False
     own = _own_op(site, pinned)
-    chosen = PINNED[own] if own in PINNED else machine.backend(case.device.value, site, case.shape)
+    chosen = (PINNED[own] if own in PINNED else
+              machine.backend(case.device.value, site, case.shape, _run_dtype(site, _autocast_sites(case.program))))
     return chosen not in (None, "math")
 
 
@@ -215,6 +239,30 @@ def _saved_sites(region: Region, model: Model, case: Case, machine: Machine, pin
         return [first] if first is not None and draws(first) else []
     saved = {Op(o) for o in model.get("ops", ())}
     return [site for site in sites if draws(site) and _own_op(site, pinned) in saved]
+
+
+def _policy_caches(site: Site, chosen: str, case: Case, machine: Machine, policies: Sequence[Model]) -> bool:
+    """Whether a selective policy caches the op an attention site's recompute runs (on `chosen`,
+    another backend than its forward's): it then looks the op up in its cache and finds nothing.
+    Every RNG op: any fused backend (math decomposes into ops that are not attention); a list:
+    that backend's op; the first RNG op of each region: where the site is its innermost region's
+    first."""
+    fused = chosen != "math"
+    op = next((o for o, name in PINNED.items() if name == chosen), None)
+    enclosing = [r for r in case.program.all_regions() if any(s.name == site.name for s in r.sites())]
+    inner = enclosing[-1] if enclosing else None  # all_regions lists outer before inner
+    for policy in policies:
+        if policy.get("every") and fused:
+            return True
+        if policy.get("ops") and op is not None and op in {Op(o) for o in policy.get("ops")}:
+            return True
+        if policy.get("first") and fused and inner is not None:
+            pinned = _pinned(case.program)
+            first = next((s for s in inner.sites()
+                          if (s.name == site.name) or _seeded(s, pinned, case, machine)), None)
+            if first is not None and first.name == site.name:
+                return True
+    return False
 
 
 def _flow(items: Sequence[Any], incoming: bool, invisible: frozenset[Passing], out: dict[int, bool],
@@ -287,7 +335,8 @@ def _reached(items: Sequence[Any], arrives: bool, invisible: frozenset[Passing],
 
 
 def _context_effects(case: Case, machine: Machine, model: Model, index: int, order: dict[Any, int],
-                     effects: Effects, reentrant: bool) -> None:
+                     effects: Effects, reentrant: bool, replays_autocast: bool = True,
+                     policies: Sequence[Model] = ()) -> None:
     """What a recompute outside the region's context changes: under ``sdpa_kernel``, an attention
     site on another backend (this machine's own choice); under ``autocast``, the region's first
     matmul in the program's dtype instead of bfloat16 (nothing changes for a bfloat16 program).
@@ -295,6 +344,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
     mask where the changed site draws)."""
     device, message = case.device.value, model.get("message")
     changed: list[tuple[Region, str, bool, "Site | None"]] = []  # region, why, whether a draw changes, site
+    chosen_of: dict[str, str] = {}  # site -> the backend its recompute runs on
     if model.get("context") == ("autocast",):
         if case.program.dtype.value != "bf16":
             changed += [(region, f"{region.name}'s matmul ran in bfloat16 under autocast in forward; the "
@@ -302,6 +352,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                         for region in case.program.all_regions() if region.passing is Passing.AUTOCAST]
     else:
         pinned_of = _pinned(case.program)
+        under_autocast = _autocast_sites(case.program) if replays_autocast else frozenset()
         for region in case.program.all_regions():
             if region.passing is not Passing.SDPA_KERNEL:
                 continue
@@ -309,17 +360,23 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                 if site.op not in ATTENTION or site.own_backend or site.name not in pinned_of:
                     continue
                 pinned = PINNED.get(pinned_of[site.name])
-                chosen = machine.backend(device, site, case.shape)
+                dtype = _run_dtype(site, under_autocast)
+                chosen = machine.backend(device, site, case.shape, dtype)
                 if chosen is None or pinned is None or chosen == pinned:
                     continue
+                chosen_of[site.name] = chosen
                 changed.append((region, f"{site.name} ran on {pinned} under sdpa_kernel in forward; the recompute, "
-                                        f"outside it, runs on {chosen} (this machine's choice for {site.dtype.value}"
+                                        f"outside it, runs on {chosen} (this machine's choice for {dtype.value}"
                                         f"{' with dropout' if draws(site) else ' without dropout'})", draws(site),
                                 site))
     for region, why, drawn, site in changed:
         if message and not reentrant:
             rank = order[site.name] if site is not None else order[id(region)]
-            effects.raised.append((Raised(RECOMPUTE, rank, message, why, site.index if site else -1), index))
+            said = message
+            if site is not None and policies and model.get("recomputed_message") and not _policy_caches(
+                    site, chosen_of[site.name], case, machine, policies):
+                said = model.get("recomputed_message")
+            effects.raised.append((Raised(RECOMPUTE, rank, said, why, site.index if site else -1), index))
         else:
             effects.fails("gradient", index, why)
             if drawn:

@@ -40,7 +40,9 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     the recompute runs outside the region's context: attention on the backend torch picks by
     itself on this machine (`Machine.backend`), an autocast region's matmul in the program's
     dtype.  Where that changes anything, a non-reentrant recompute raises where the entry gives a
-    ``message``; otherwise the gradients differ (and a mask where the changed site draws).
+    ``message``; otherwise the gradients differ (and a mask where the changed site draws).  With
+    a selective policy (``saved-rng-ops``) ``message`` is what a recompute op the policy caches
+    raises (it is not in the cache), ``recomputed_message`` what one it recomputes raises.
 ``inert-fork`` (``message``)
     the tracker's fork() switches to no stream: the reference check refuses the run where a
     tracked site draws (and in the shared layout).
@@ -48,6 +50,9 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     the checkpoint leaves process state changed, unless a context the region sits in puts it back.
 ``early-stop``
     a trait: the non-reentrant recompute stops at the region's last own site (torch's).
+``nested-frames``
+    a trait: an inner region's inputs are saved by its enclosing region's frame, so the enclosing
+    region recomputes before its inner ones (torch's non-reentrant checkpoint).
 
 `predict` composes every behaviour an impl has in a case (`effects.effects_of`): the first error
 wins (forward; the start of backward; then the recomputes in the order backward runs them, and the
@@ -73,7 +78,7 @@ BEHAVIOURS = {
     "unsaved-streams": {"streams", "passing"},
     "refuses-input": {"passing", "message"},
     "input-invisible": {"passing", "message"},
-    "context-not-replayed": {"context", "message"},
+    "context-not-replayed": {"context", "message", "recomputed_message"},
     "saved-rng-ops": {"ops", "first", "every", "mutated_message"},
     "not-restored": {"streams"},
     "extra-draw": {"streams"},
@@ -84,10 +89,11 @@ BEHAVIOURS = {
     "leaks-ambient": {"undone_by"},
     "skips-save-regions": {"restored"},
     "early-stop": set(),
+    "nested-frames": set(),
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
             "input-invisible": {"passing", "message"}, "context-not-replayed": {"context"},
-            "saved-rng-ops": set(), "not-restored": {"streams"}, "extra-draw": {"streams"}, "early-stop": set(),
+            "saved-rng-ops": set(), "not-restored": {"streams"}, "extra-draw": {"streams"}, "early-stop": set(), "nested-frames": set(),
             "rewound-after-forward": {"streams"}, "snapshot-slots": {"slots"},
             "snapshots-frozen": {"after_steps"}, "inert-fork": {"message"}, "leaks-ambient": set(),
             "skips-save-regions": set()}
@@ -135,7 +141,7 @@ def parse_model(raw: Any, where: str) -> Model:
     params: dict[str, Any] = {}
     for key in sorted(keys):
         value = raw[key]
-        if key in ("message", "mutated_message"):
+        if key in ("message", "mutated_message", "recomputed_message"):
             import re
 
             if not isinstance(value, str):
@@ -179,14 +185,16 @@ class Machine:
         self.probe = probe
         self.asked: dict[str, Any] = {}
 
-    def backend(self, device: str, site: Site, shape: Any) -> "str | None":
-        """The backend an attention site of this dtype and shape runs on by itself (None: unknown)."""
+    def backend(self, device: str, site: Site, shape: Any, dtype: Any = None) -> "str | None":
+        """The backend an attention site of this shape runs on by itself, in `dtype` (default the
+        site's own; under autocast the caller passes autocast's) (None: unknown)."""
         dropout = ops.REGISTRY[site.op].draws
-        key = f"sdpa.{device}.{site.dtype.value}.{shape.value}.{'dropout' if dropout else 'no-dropout'}"
+        dtype = dtype or site.dtype
+        key = f"sdpa.{device}.{dtype.value}.{shape.value}.{'dropout' if dropout else 'no-dropout'}"
         if key in self.known:
             value = self.known[key]
         elif self.probe:
-            value = ops.default_backend(device, site.dtype, shape, dropout)
+            value = ops.default_backend(device, dtype, shape, dropout)
         else:
             value = None
         self.asked[key] = value

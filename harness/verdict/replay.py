@@ -60,20 +60,37 @@ def backward_order(items: Sequence[Any]) -> list[Region]:
     return out
 
 
-def unpack_order(program: Any) -> list[Region]:
+def unpack_order(program: Any, nested_frames: bool = False) -> list[Region]:
     """The order in which a non-reentrant backward recomputes the regions: each region's frame
     recomputes when backward first needs a tensor it saved itself, i.e. at its last own site
     (inner regions' tensors are their own frames'), the latest first; a region with no own site
-    saves nothing and never recomputes on its own."""
-    owned = []
-    for region in program.all_regions():
+    saves nothing and never recomputes on its own.
+
+    `nested_frames` (torch's checkpoint, the ``nested-frames`` trait): an inner region's inputs
+    are saved by its enclosing region's frame (its own input too: the frame keeps a holder for
+    every tensor saved under it, filled only by its recompute), so the inner recompute unpacks
+    them first and the enclosing region recomputes before it (as late as the inner one)."""
+    key: dict[int, float] = {}
+    for region in program.all_regions():  # outer before inner
         own = [float(item.index) for item in region.items if isinstance(item, Site)]
         sites = region.sites()
         if region.passing is Passing.AUTOCAST and sites:
             own.append(sites[0].index - 0.5)  # the matmul an autocast region starts with saves its input
         if own:
-            owned.append((max(own), region))
-    return [region for _, region in sorted(owned, key=lambda pair: pair[0], reverse=True)]
+            key[id(region)] = max(own)
+    depth: dict[int, int] = {}
+    enclosing = enclosing_regions(program.items())
+    for region in program.all_regions():
+        parent = enclosing.get(id(region))
+        depth[id(region)] = 0 if parent is None else depth[id(parent)] + 1
+    if nested_frames:
+        for region in reversed(program.all_regions()):  # inner before outer: keys move outwards
+            parent = enclosing.get(id(region))
+            if parent is not None and id(region) in key:
+                key[id(parent)] = max(key.get(id(parent), key[id(region)]), key[id(region)])
+    ranked = [region for region in program.all_regions() if id(region) in key]
+    # the latest first; of two at the same point, the enclosing one (outer before inner)
+    return sorted(ranked, key=lambda r: (-key[id(r)], depth[id(r)]))
 
 
 def enclosing_regions(items: Sequence[Any], parent: "Region | None" = None) -> dict[int, "Region | None"]:
@@ -308,7 +325,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             for region in reversed(program.regions()):
                 recompute(region, snaps[id(region)])
         else:
-            for region in unpack_order(program):
+            for region in unpack_order(program, effects.nested_frames):
                 recompute(region, snaps[id(region)])
         if reached is not None and any(name not in rerun_sites for name in ck_fwd if name in checkpointed):
             # A drawing site no recompute reruns: the recompute-mask oracle says "never recomputed"
