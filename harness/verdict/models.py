@@ -93,7 +93,8 @@ BEHAVIOURS = {
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
             "input-invisible": {"passing", "message"}, "context-not-replayed": {"context"},
-            "saved-rng-ops": set(), "not-restored": {"streams"}, "extra-draw": {"streams"}, "early-stop": set(), "nested-frames": set(),
+            "saved-rng-ops": set(), "not-restored": {"streams"}, "extra-draw": {"streams"},
+            "early-stop": set(), "nested-frames": set(),
             "rewound-after-forward": {"streams"}, "snapshot-slots": {"slots"},
             "snapshots-frozen": {"after_steps"}, "inert-fork": {"message"}, "leaks-ambient": set(),
             "skips-save-regions": set()}
