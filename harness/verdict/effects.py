@@ -69,6 +69,9 @@ class Effects:
     # `skips-save-regions`: the streams its hooks put back after each SAVE region, entry index
     save_skip: "tuple[frozenset[str], int] | None" = None
     early_stop: bool = False
+    # `input-invisible`: whether a recompute whose output needs no grad raises (torch's does; a
+    # checkpoint that backpropagates only the outputs that need grad goes on, silently)
+    recompute_raises: bool = True
     nested_frames: bool = False  # `nested-frames`: an inner region's inputs sit in its enclosing frame
     raised: list[tuple[Raised, int]] = field(default_factory=list)
     mismatch: dict[str, set[int]] = field(default_factory=dict)  # oracle -> entry indexes
@@ -163,6 +166,7 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
         elif name == "input-invisible" and reentrant:
             for passing in model.get("passing"):
                 effects.invisible.setdefault(Passing(passing), (index, model.get("message")))
+            effects.recompute_raises = effects.recompute_raises and model.get("recompute_raises", True)
         elif name == "context-not-replayed":
             # whether the recompute runs under the forward's autocast: unless this impl's models
             # say it does not replay autocast either
@@ -241,6 +245,11 @@ def _saved_sites(region: Region, model: Model, case: Case, machine: Machine, pin
     return [site for site in sites if draws(site) and _own_op(site, pinned) in saved]
 
 
+def _inside(inner: Region, outer: Region) -> bool:
+    """Whether `inner` is a region nested (at any depth) in `outer`."""
+    return any(item is inner or (isinstance(item, Region) and _inside(inner, item)) for item in outer.items)
+
+
 def _policy_caches(site: Site, chosen: str, case: Case, machine: Machine, policies: Sequence[Model]) -> bool:
     """Whether a selective policy caches the op an attention site's recompute runs (on `chosen`,
     another backend than its forward's): it then looks the op up in its cache and finds nothing.
@@ -303,7 +312,7 @@ def _invisible_effects(program: Any, effects: Effects, order: dict[Any, int]) ->
         return
     reached, _ = _reached(program.items(), True, invisible, out, body)
     for region in reached:
-        if not body[id(region)]:
+        if not body[id(region)] and effects.recompute_raises:
             effects.raised.append((Raised(RECOMPUTE, order[id(region)], message,
                                           f"{region.name}'s recompute output does not require grad"), index))
     effects.reached = {id(region) for region in reached}
@@ -350,6 +359,14 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
             changed += [(region, f"{region.name}'s matmul ran in bfloat16 under autocast in forward; the "
                                  f"recompute, outside it, runs it in {case.program.dtype.value}", False, None)
                         for region in case.program.all_regions() if region.passing is Passing.AUTOCAST]
+        # attention of another dtype: autocast ran it in bfloat16, the recompute in its own dtype
+        changed += [(region, f"{site.name} ({site.op.value}) ran in bfloat16 under autocast in forward; the "
+                             f"recompute, outside it, runs it in {site.dtype.value}", True, site)
+                    for region in case.program.all_regions() if region.passing is Passing.AUTOCAST
+                    for site in region.sites() if site.op in ATTENTION and site.dtype is not Dtype.BF16
+                    and not any(s.name == site.name for r in case.program.all_regions()
+                                if r is not region and r.passing is Passing.AUTOCAST and _inside(r, region)
+                                for s in r.sites())][:1]
     else:
         pinned_of = _pinned(case.program)
         under_autocast = _autocast_sites(case.program) if replays_autocast else frozenset()
@@ -369,8 +386,10 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                                         f"outside it, runs on {chosen} (this machine's choice for {dtype.value}"
                                         f"{' with dropout' if draws(site) else ' without dropout'})", draws(site),
                                 site))
+    autocast = model.get("context") == ("autocast",)
     for region, why, drawn, site in changed:
-        if message and not reentrant:
+        # the message is the matmul's dtype error; attention in another dtype raises nothing
+        if message and not reentrant and not (autocast and site is not None):
             rank = order[site.name] if site is not None else order[id(region)]
             said = message
             if site is not None and policies and model.get("recomputed_message") and not _policy_caches(

@@ -35,7 +35,8 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
 ``input-invisible`` (``passing``, ``message``; reentrant cases only)
     an autograd Function differentiates only its direct tensor arguments: a region entered that
     way gets no gradient path, is never recomputed, and nothing upstream of it gets a gradient;
-    backward raises where the loss, or a recomputed region's output, no longer requires grad.
+    backward raises where the loss, or a recomputed region's output, no longer requires grad
+    (``recompute_raises = false``: only where the loss does; such a recompute goes on silently).
 ``context-not-replayed`` (``context``: ``sdpa_kernel`` or ``autocast``; ``message``)
     the recompute runs outside the region's context: attention on the backend torch picks by
     itself on this machine (`Machine.backend`), an autocast region's matmul in the program's
@@ -77,7 +78,7 @@ CONTEXTS = ("sdpa_kernel", "autocast")
 BEHAVIOURS = {
     "unsaved-streams": {"streams", "passing"},
     "refuses-input": {"passing", "message"},
-    "input-invisible": {"passing", "message"},
+    "input-invisible": {"passing", "message", "recompute_raises"},
     "context-not-replayed": {"context", "message", "recomputed_message"},
     "saved-rng-ops": {"ops", "first", "every", "mutated_message"},
     "not-restored": {"streams"},
@@ -156,7 +157,7 @@ def parse_model(raw: Any, where: str) -> Model:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelError(f"{where} model {key} must be a positive integer, not {value!r}")
             params[key] = value
-        elif key in ("first", "every"):
+        elif key in ("first", "every", "recompute_raises"):
             if not isinstance(value, bool):
                 raise ModelError(f"{where} model {key} must be true or false")
             params[key] = value
