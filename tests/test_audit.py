@@ -177,3 +177,18 @@ def test_the_fuzz_baseline_audits_as_recorded(capsys):
     # README of cases/records and this line say the new ones.
     assert main(["expectations", "audit", str(BASELINE)]) == 1
     assert capsys.readouterr().out.strip().splitlines()[-1] == BASELINE_AUDIT
+
+
+CUDA_BASELINE = ROOT / "cases" / "records" / "baseline" / "cuda-h200-torch2.11-fuzz.jsonl.gz"
+CUDA_BASELINE_AUDIT = ("29933 records: 11808 claimed by 79 entries, 216 wrongly (stale or wrong); 242 failures missed "
+                       "by an entry expecting them; 49 new failures no entry explains; 5817 passes no entry claims; "
+                       "not judged: 124 skipped, 11893 unsupported")
+
+
+def test_the_h200_fuzz_baseline_audits_as_recorded(capsys):
+    # The H200's fuzz records (issue 40's proof, 2026-12-05): what the models still get wrong on
+    # the GPU stays visible; an edit that changes these figures says the new ones here and in
+    # cases/records/README.md.  The machine file answers what a record's own facts lack.
+    machine = ROOT / "cases" / "machines" / "h200-torch2.11.json"
+    assert main(["expectations", "audit", str(CUDA_BASELINE), "--machine", str(machine)]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == CUDA_BASELINE_AUDIT
