@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..model.cases import Case
 from ..model.programs import SDPA_OPS, Dtype, Op, Passing, Region, Site, reading_groups
-from .replay import backward_order, draws, enclosing_regions, unpack_order
+from .replay import backward_order, draws, enclosing_regions, recompute_points, unpack_order
 
 if TYPE_CHECKING:
     from .models import Machine, Model
@@ -138,6 +138,15 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
     for region in program.all_regions():  # outer before inner: a site's innermost region recomputes it
         for site in region.sites():
             order[site.name] = order[id(region)]
+    if effects.nested_frames and not reentrant:
+        # an enclosing region's recompute reruns its inner regions' bodies too (up to the point its
+        # own recompute stops): an error a site's op raises comes in the first recompute that
+        # reruns the site
+        points = recompute_points(program, True)
+        for region in program.all_regions():
+            for site in region.sites():
+                if id(region) in points and site.index <= points[id(region)]:
+                    order[site.name] = min(order[site.name], order[id(region)])
     for index, model in enumerate(models):
         name = model.behaviour
         if name == "unsaved-streams":
@@ -395,6 +404,9 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
             if site is not None and policies and model.get("recomputed_message") and not _policy_caches(
                     site, chosen_of[site.name], case, machine, policies):
                 said = model.get("recomputed_message")
+                # torch's recompute check compares once a frame's recompute is done: an error an
+                # op raises during any recompute (a cached tensor found mutated) comes first
+                rank += len(order)
             effects.raised.append((Raised(RECOMPUTE, rank, said, why, site.index if site else -1), index))
         else:
             effects.fails("gradient", index, why)

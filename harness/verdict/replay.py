@@ -70,6 +70,39 @@ def unpack_order(program: Any, nested_frames: bool = False) -> list[Region]:
     are saved by its enclosing region's frame (its own input too: the frame keeps a holder for
     every tensor saved under it, filled only by its recompute), so the inner recompute unpacks
     them first and the enclosing region recomputes before it (as late as the inner one)."""
+    key = recompute_points(program, nested_frames)
+    depth: dict[int, int] = {}
+    enclosing = enclosing_regions(program.items())
+    for region in program.all_regions():
+        parent = enclosing.get(id(region))
+        depth[id(region)] = 0 if parent is None else depth[id(parent)] + 1
+    ranked = [region for region in program.all_regions() if id(region) in key]
+    # the latest first; of two at the same point, the enclosing one (outer before inner)
+    return sorted(ranked, key=lambda r: (-key[id(r)], depth[id(r)]))
+
+
+def stop_point(region: Region, nested_frames: bool = False) -> "float | None":
+    """Where a non-reentrant recompute of `region` that stops early (torch's) stops: at its last
+    own site, the last tensor its frame saved; with `nested_frames` its frame also holds the
+    inputs of its inner regions, so it reruns at least what comes before each of them.  None:
+    it saves nothing and reruns nothing."""
+    points = [float(item.index) for item in region.items if isinstance(item, Site)]
+    if nested_frames:
+        points += [sites[0].index - 0.5 for item in region.items if isinstance(item, Region)
+                   for sites in [item.sites()] if sites]
+    return max(points) if points else None
+
+
+def _reruns(outer: Region, inner: Region, nested_frames: bool) -> bool:
+    """Whether a non-reentrant recompute of `outer` that stops early reaches `inner` (one of its
+    regions, at any depth): `inner` starts before the point it stops at."""
+    stop, sites = stop_point(outer, nested_frames), inner.sites()
+    return stop is not None and bool(sites) and sites[0].index < stop
+
+
+def recompute_points(program: Any, nested_frames: bool = False) -> dict[int, float]:
+    """Region (id) -> the site index at which a non-reentrant backward first needs a tensor its
+    frame saved (`unpack_order`); regions that save nothing are absent."""
     key: dict[int, float] = {}
     for region in program.all_regions():  # outer before inner
         own = [float(item.index) for item in region.items if isinstance(item, Site)]
@@ -78,19 +111,13 @@ def unpack_order(program: Any, nested_frames: bool = False) -> list[Region]:
             own.append(sites[0].index - 0.5)  # the matmul an autocast region starts with saves its input
         if own:
             key[id(region)] = max(own)
-    depth: dict[int, int] = {}
-    enclosing = enclosing_regions(program.items())
-    for region in program.all_regions():
-        parent = enclosing.get(id(region))
-        depth[id(region)] = 0 if parent is None else depth[id(parent)] + 1
     if nested_frames:
+        enclosing = enclosing_regions(program.items())
         for region in reversed(program.all_regions()):  # inner before outer: keys move outwards
             parent = enclosing.get(id(region))
             if parent is not None and id(region) in key:
                 key[id(parent)] = max(key.get(id(parent), key[id(region)]), key[id(region)])
-    ranked = [region for region in program.all_regions() if id(region) in key]
-    # the latest first; of two at the same point, the enclosing one (outer before inner)
-    return sorted(ranked, key=lambda r: (-key[id(r)], depth[id(r)]))
+    return key
 
 
 def enclosing_regions(items: Sequence[Any], parent: "Region | None" = None) -> dict[int, "Region | None"]:
@@ -148,7 +175,10 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                 if passings is None or walk.passing in passings:
                     for stream in streams:
                         found.setdefault(stream, index)
-            walk = enclosing.get(id(walk))
+            parent = enclosing.get(id(walk))
+            if parent is not None and early and not _reruns(parent, walk, effects.nested_frames):
+                break  # the enclosing recompute stops before it: its snapshot is the forward's
+            walk = parent
         return found
 
     def fail(oracles: Sequence[str], cause: int) -> None:
@@ -258,12 +288,16 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             order = region.sites()
             mine = {id(item) for item in region.items if not isinstance(item, Region)}
             last = max((n for n, site in enumerate(order) if id(site) in mine), default=-1)
-            stop = order[last] if early and last >= 0 else None
+            stop_at = stop_point(region, effects.nested_frames) if early else None
             inner_snaps: dict[int, Frame] = {}
             shift: dict[str, int] = {}  # stream -> the entry whose saved op shifted it in this pass
 
             def rerun(items: Sequence[Any]) -> bool:
                 for item in items:
+                    first = item.sites()[0].index if isinstance(item, Region) and item.sites() else (
+                        None if isinstance(item, Region) else item.index)
+                    if stop_at is not None and first is not None and first > stop_at:
+                        return True  # the early stop: what its frame saved is all recomputed
                     if isinstance(item, Region):
                         enter(inner_snaps, item)
                         if rerun(item.items):
@@ -275,8 +309,6 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                         # they snapshotted at its exit in forward
                         for stream in effects.save_skip[0] & set(keys):
                             ck[stream] = save_exit[item.name][stream]
-                        if item is stop:
-                            return True
                         continue
                     rerun_sites.add(item.name)
                     if draws(item):
@@ -300,11 +332,9 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                             ck[stream] += (token[item.name],)
                             if stream in free:
                                 moved_by.setdefault(stream, free[stream])
-                    if item is stop:
-                        return True
                 return False
 
-            if not early or stop is not None:
+            if not early or stop_at is not None:
                 step["recomputing"] += 1
                 rerun(region.items)
                 step["recomputing"] -= 1
