@@ -254,6 +254,31 @@ def _saved_sites(region: Region, model: Model, case: Case, machine: Machine, pin
     return [site for site in sites if draws(site) and _own_op(site, pinned) in saved]
 
 
+def _entering_dtypes(program: Any) -> dict[int, Dtype]:
+    """Region (id) -> the dtype of the tensor it is called with: a site hands on its own dtype
+    (it casts its input and multiplies by a weight of its dtype), a region the dtype it was called
+    with, a parallel item adds its output to the first item's."""
+    out: dict[int, Dtype] = {}
+
+    def step(item: Any, dtype: Dtype) -> Dtype:
+        if isinstance(item, Region):
+            out[id(item)] = dtype
+            walk(item.items, dtype)
+            return dtype
+        return item.dtype
+
+    def walk(items: Sequence[Any], dtype: Dtype) -> Dtype:
+        for first, *parallel in reading_groups(tuple(items)):
+            base = dtype
+            dtype = step(first, base)
+            for item in parallel:
+                step(item, base)
+        return dtype
+
+    walk(program.items(), program.dtype)
+    return out
+
+
 def _inside(inner: Region, outer: Region) -> bool:
     """Whether `inner` is a region nested (at any depth) in `outer`."""
     return any(item is inner or (isinstance(item, Region) and _inside(inner, item)) for item in outer.items)
@@ -363,11 +388,22 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
     device, message = case.device.value, model.get("message")
     changed: list[tuple[Region, str, bool, "Site | None"]] = []  # region, why, whether a draw changes, site
     chosen_of: dict[str, str] = {}  # site -> the backend its recompute runs on
+    always: set[int] = set()  # regions whose recompute raises in either mode
     if model.get("context") == ("autocast",):
-        if case.program.dtype.value != "bf16":
-            changed += [(region, f"{region.name}'s matmul ran in bfloat16 under autocast in forward; the "
-                                 f"recompute, outside it, runs it in {case.program.dtype.value}", False, None)
-                        for region in case.program.all_regions() if region.passing is Passing.AUTOCAST]
+        entering = _entering_dtypes(case.program)
+        for region in case.program.all_regions():
+            if region.passing is not Passing.AUTOCAST:
+                continue
+            if entering[id(region)] is not case.program.dtype:
+                # its input is not in the matrix's dtype: autocast cast both, the recompute
+                # outside it multiplies a tensor of one dtype by a matrix of another
+                always.add(id(region))
+                changed.append((region, f"{region.name}'s input is {entering[id(region)].value}, its matrix "
+                                        f"{case.program.dtype.value}: autocast cast both in forward; the recompute, "
+                                        "outside it, multiplies them as they are", False, None))
+            elif case.program.dtype.value != "bf16":
+                changed.append((region, f"{region.name}'s matmul ran in bfloat16 under autocast in forward; the "
+                                        f"recompute, outside it, runs it in {case.program.dtype.value}", False, None))
         # attention of another dtype: autocast ran it in bfloat16, the recompute in its own dtype
         changed += [(region, f"{site.name} ({site.op.value}) ran in bfloat16 under autocast in forward; the "
                              f"recompute, outside it, runs it in {site.dtype.value}", True, site)
@@ -396,9 +432,18 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                                         f"{' with dropout' if draws(site) else ' without dropout'})", draws(site),
                                 site))
     autocast = model.get("context") == ("autocast",)
+    attention_message = model.get("attention_message") if autocast and not reentrant else None
+    # regions whose attention's backward (it runs before the matmul's) meets the other dtype first
+    attention_first = {id(region) for region, _, _, site in changed if site is not None} if attention_message \
+        else set()
     for region, why, drawn, site in changed:
+        if attention_message and site is not None:
+            effects.raised.append((Raised(RECOMPUTE, order[site.name], attention_message, why, site.index), index))
+            continue
+        if id(region) in attention_first:
+            continue
         # the message is the matmul's dtype error; attention in another dtype raises nothing
-        if message and not reentrant and not (autocast and site is not None):
+        if message and (not reentrant or id(region) in always) and not (autocast and site is not None):
             rank = order[site.name] if site is not None else order[id(region)]
             said = message
             if site is not None and policies and model.get("recomputed_message") and not _policy_caches(

@@ -43,7 +43,10 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     dtype.  Where that changes anything, a non-reentrant recompute raises where the entry gives a
     ``message``; otherwise the gradients differ (and a mask where the changed site draws).  With
     a selective policy (``saved-rng-ops``) ``message`` is what a recompute op the policy caches
-    raises (it is not in the cache), ``recomputed_message`` what one it recomputes raises.
+    raises (it is not in the cache), ``recomputed_message`` what one it recomputes raises.  Under
+    ``autocast``, ``attention_message`` is what a non-reentrant backward raises where attention
+    autocast ran in bfloat16 is recomputed in another dtype (its backward comes before the
+    matmul's).
 ``inert-fork`` (``message``)
     the tracker's fork() switches to no stream: the reference check refuses the run where a
     tracked site draws (and in the shared layout).
@@ -79,7 +82,7 @@ BEHAVIOURS = {
     "unsaved-streams": {"streams", "passing"},
     "refuses-input": {"passing", "message"},
     "input-invisible": {"passing", "message", "recompute_raises"},
-    "context-not-replayed": {"context", "message", "recomputed_message"},
+    "context-not-replayed": {"context", "message", "recomputed_message", "attention_message"},
     "saved-rng-ops": {"ops", "first", "every", "mutated_message"},
     "not-restored": {"streams"},
     "extra-draw": {"streams"},
@@ -143,7 +146,7 @@ def parse_model(raw: Any, where: str) -> Model:
     params: dict[str, Any] = {}
     for key in sorted(keys):
         value = raw[key]
-        if key in ("message", "mutated_message", "recomputed_message"):
+        if key in ("message", "mutated_message", "recomputed_message", "attention_message"):
             import re
 
             if not isinstance(value, str):
