@@ -57,6 +57,9 @@ BUILTIN: dict[str, str] = {
     "torch-composable": "harness.impls.torch_checkpoint:make_composable",
     "torch-compile": "harness.impls.compiled:make_compiled",
     "torch-compile-budget": "harness.impls.compiled:make_budget",
+    # What frameworks choose for their users (issue 39): accelerate's FSDP2 activation checkpointing.
+    "accelerate-fsdp2": "harness.impls.accelerate:make_fsdp2",
+    "accelerate-fsdp2-offload": "harness.impls.accelerate:make_fsdp2_offload",
     # torch_remat (issue 38): no hook, its README's hook, the harness's hook.
     "remat": "harness.impls.remat:make_remat",
     "remat-readme-hook": "harness.impls.remat:make_readme_hook",
