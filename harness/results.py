@@ -34,6 +34,9 @@ class Outcome(str, enum.Enum):
     SKIPPED = "skipped"
     CRASH = "crash"  # the process running the case died (abort, segfault, sticky CUDA error)
     TIMEOUT = "timeout"  # the case ran past its time limit and its process was killed
+    # module mode: no RNG oracle failed, and every gradient and output that differs is within
+    # rounding of the reference (the same terms added in another order); not a failure by default
+    ROUNDING = "rounding"
 
 
 class Verdict(str, enum.Enum):
@@ -48,7 +51,7 @@ class Verdict(str, enum.Enum):
 
 FAILED_OUTCOMES = ("mismatch", "error", "crash", "timeout")
 SKIPPED_OUTCOMES = ("unsupported", "skipped")
-OUTCOMES = ("pass", *FAILED_OUTCOMES, *SKIPPED_OUTCOMES)
+OUTCOMES = ("pass", "rounding", *FAILED_OUTCOMES, *SKIPPED_OUTCOMES)  # rounding: module mode only
 VERDICTS = tuple(v.value for v in Verdict)
 ORACLES = ("forward-mask", "recompute-mask", "gradient", "buffer", "live-stream", "fresh-randomness",
            "output", "identity", "ambient")

@@ -182,18 +182,44 @@ def test_keyword_arguments_reach_a_reentrant_checkpoint_bound_with_partial():
     assert result.first_divergent.startswith("recompute draw 1 of inner.drop (aten::bernoulli_)")
 
 
-def test_a_difference_with_no_divergent_draw_is_diagnosed_as_rounding_not_rng():
+def test_a_difference_with_no_divergent_draw_is_diagnosed_as_rounding_not_rng(tmp_path, capsys):
     # nn.MultiheadAttention gets one tensor as query, key and value; a reentrant checkpoint takes
     # them as three inputs and sums their gradients in another order: every draw is right, the
-    # input's gradient differs in its last bits.  Still a mismatch (bit for bit), said plainly.
+    # input's gradient differs in its last bits.  Its own outcome, 'rounding': it passes unless
+    # --rounding-fails, and says why.
     result = run_module("examples.transformer_layer:factory", impls.load("torch"), mode=Mode.REENTRANT,
                         wrap=["self_attn"])
-    assert result.outcome == "mismatch" and result.first_divergent is None
+    assert result.outcome == "rounding" and result.passed and result.first_divergent is None
     assert {m.oracle for m in result.mismatches} == {"gradient"}
     assert result.diagnosis.startswith("no RNG draw differs and every stream ends where the reference's does: ")
     assert "Rounding-sized (each within 1024 eps of its tensor's largest magnitude), not RNG" in result.diagnosis
     summary_text = summary("examples.transformer_layer:factory", "torch", "cpu", Capture.EAGER, Mode.REENTRANT, result)
     assert "first divergent draw" not in summary_text and "Rounding-sized" in summary_text
+    argv = ["module", "examples.transformer_layer:factory", "--impl", "torch", "--device", "cpu", "--mode",
+            "reentrant", "--wrap", "self_attn"]
+    assert main(argv + ["--report-dir", str(tmp_path / "r")]) == 0
+    [record] = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert (record["outcome"], record["verdict"]) == ("rounding", "pass")
+    assert main(argv + ["--rounding-fails"]) == 1  # the negative control: the same run, counted as a failure
+    assert ": rounding" in capsys.readouterr().out
+
+
+def test_rounding_needs_every_difference_small_and_no_rng_oracle():
+    # the same run, one gradient pushed far off: no longer rounding; an RNG oracle: never rounding
+    from harness.check.records import MaskLog, RunRecord
+    from harness.results import Mismatch
+    from harness.run.draws import rounding_only
+
+    ref, ck = RunRecord(MaskLog()), RunRecord(MaskLog())
+    ref.grads[0] = {"w": torch.tensor([1.0, 2.0, 3.0])}
+    ck.grads[0] = {"w": torch.tensor([1.0, 2.0, 3.0]).nextafter(torch.tensor(9.0))}
+    one = [Mismatch("gradient", "w", 0, 3, 3)]
+    assert rounding_only(one, ref, ck)
+    ck.grads[0]["w"] = torch.tensor([1.0, 2.0, 4.0])
+    assert not rounding_only(one, ref, ck)
+    ck.grads[0]["w"] = ref.grads[0]["w"].nextafter(torch.tensor(9.0))
+    assert not rounding_only(one + [Mismatch("recompute-mask", "s0", 0, 1, 4)], ref, ck)
+    assert not rounding_only([], ref, ck)
 
 
 def test_torchs_warning_that_explains_an_error_is_shown(capsys):

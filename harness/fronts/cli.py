@@ -30,7 +30,7 @@ from ..model.cases import AXES, Capture, Case, Device, parse_case_id, parse_valu
 from ..model.matrix import MATRICES, generate
 from ..report import cli as report_cli
 from ..report.live import LiveResults
-from ..results import CaseRecord, Verdict
+from ..results import CaseRecord, Outcome, Verdict
 from ..run import isolation, stops
 from ..run.environment import environment
 from ..run.execution import (
@@ -253,6 +253,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_replace(p_module)
     p_module.add_argument("--script", default=None, metavar="FILE",
                           help="also write a script that repeats these runs (it imports your factory)")
+    p_module.add_argument("--rounding-fails", action="store_true",
+                          help="count a 'rounding' outcome (no random number differs; gradients or outputs differ by "
+                               "rounding only) as a failure (default: it passes, and says so)")
     p_module.add_argument("--allow-unsupported", action="store_true",
                           help="run the impl even when its package cannot load")
 
@@ -827,10 +830,14 @@ def cmd_module(args: argparse.Namespace) -> int:
               flush=True)
         version = None if target.name == module_mode.AS_BUILT else adapter_version(target.adapter)
         records.append(module_report.record(result, factory, target.name, version, device, capture, mode,
-                                            wrap, must_support=result.must_support))
+                                            wrap, must_support=result.must_support,
+                                            rounding_fails=args.rounding_fails))
     counts = Counter(Verdict(r.verdict).value for r in records)
+    rounding = sum(1 for r in records if r.outcome is Outcome.ROUNDING)
     if len(records) > 1:
-        print(f"\n{len(records)} runs: " + ", ".join(f"{counts[v]} {v}" for v in reporting.VERDICTS if counts[v]))
+        print(f"\n{len(records)} runs: " + ", ".join(f"{counts[v]} {v}" for v in reporting.VERDICTS if counts[v])
+              + (f" ({rounding} rounding: no random number differs, gradients by rounding only"
+                 + (", counted as failures" if args.rounding_fails else "") + ")" if rounding else ""))
     elsewhere = None
     if args.report_dir:
         written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), environment())

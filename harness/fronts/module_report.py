@@ -43,12 +43,14 @@ def case_id(factory: str, impl: str, device: str, capture: Capture, mode: Mode, 
 
 
 def record(result: "ModuleResult", factory: str, impl: str, version: str | None, device: str, capture: Capture,
-           mode: Mode, wrap: Sequence[str] | None, must_support: bool = False) -> CaseRecord:
+           mode: Mode, wrap: Sequence[str] | None, must_support: bool = False,
+           rounding_fails: bool = False) -> CaseRecord:
     """The results.jsonl record of one module run, judged as the matrix judges a case with no
     expectation entry (`expectations.judge`).  `must_support`: an unsupported answer is a failure
-    (an impl that must run everything and declared no limit for this model)."""
+    (an impl that must run everything and declared no limit for this model); `rounding_fails`: a
+    rounding outcome is a failure."""
     judgement = judge(result.outcome, [m.oracle for m in result.mismatches], result.error, None, impl=impl,
-                      must_support_all=must_support, reason=result.reason)
+                      must_support_all=must_support, reason=result.reason, rounding_fails=rounding_fails)
     axes = {axis: "" for axis in AXES}
     axes.update({"mode": mode_name(impl, mode), "layout": MODULE_LAYOUT, "capture": capture.value,
                  "interleave": "none", "device": device, "program": program_name(factory, wrap)})
@@ -78,7 +80,7 @@ def summary(factory: str, impl: str, device: str, capture: Capture, mode: Mode, 
     if result.error:
         lines.append(f"error: {result.error}")
         lines += [f"torch warned: {w}" for w in result.warnings]
-    if result.outcome in ("pass", "mismatch"):
+    if result.outcome in ("pass", "rounding", "mismatch"):
         what = "checkpointed" if impl == AS_BUILT else "wrapped"
         paths = result.checkpointed
         shown = ", ".join(repr(p) for p in paths[:SHOWN_PATHS]) or "nothing"

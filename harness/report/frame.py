@@ -19,9 +19,9 @@ from .env import env_key, env_labels
 
 # What a case shows as in tables and colours: its outcome, except that known failures read
 # "xfail" and expected failures that passed read "stale".
-STATUSES = ("pass", "mismatch", "error", "crash", "timeout", "stale", "xfail", "unsupported", "skipped")
+STATUSES = ("pass", "rounding", "mismatch", "error", "crash", "timeout", "stale", "xfail", "unsupported", "skipped")
 # Worst first: the status that colours a matrix cell.
-SEVERITY = ("crash", "timeout", "error", "mismatch", "stale", "xfail", "pass", "unsupported", "skipped")
+SEVERITY = ("crash", "timeout", "error", "mismatch", "stale", "xfail", "rounding", "pass", "unsupported", "skipped")
 # Verdicts whose cases are listed one by one under "Failing cases" (and linked from the matrices).
 LISTED_VERDICTS = ("fail", "stale", "xfail")
 

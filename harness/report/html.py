@@ -28,6 +28,7 @@ MAX_HTML_XFAIL_ROWS = 12  # known failures are many and read alike
 
 STATUS_TEXT = {
     "pass": "every oracle held",
+    "rounding": "module mode: no random number differs, gradients or outputs differ by rounding only",
     "mismatch": "an oracle failed, not in the expectations file",
     "error": "the implementation raised",
     "crash": "the process running the case died",
@@ -39,10 +40,11 @@ STATUS_TEXT = {
 }
 
 CSS = """
-:root { --pass:#2da44e; --mismatch:#cf222e; --error:#8250df; --crash:#82071e; --timeout:#953800;
-  --stale:#fb8500; --xfail:#d4a72c; --unsupported:#8c959f; --skipped:#d0d7de; --ink:#1f2328; --muted:#656d76;
-  --line:#d0d7de; --bg-pass:#dafbe1; --bg-mismatch:#ffebe9; --bg-error:#fbefff; --bg-crash:#ffd8d3;
-  --bg-timeout:#fff1e5; --bg-stale:#fff1e0; --bg-xfail:#fff8c5; --bg-unsupported:#f6f8fa; --bg-skipped:#f6f8fa; }
+:root { --pass:#2da44e; --rounding:#57ab5a; --mismatch:#cf222e; --error:#8250df; --crash:#82071e;
+  --timeout:#953800; --stale:#fb8500; --xfail:#d4a72c; --unsupported:#8c959f; --skipped:#d0d7de;
+  --ink:#1f2328; --muted:#656d76; --line:#d0d7de; --bg-pass:#dafbe1; --bg-rounding:#eaf5ea;
+  --bg-mismatch:#ffebe9; --bg-error:#fbefff; --bg-crash:#ffd8d3; --bg-timeout:#fff1e5; --bg-stale:#fff1e0;
+  --bg-xfail:#fff8c5; --bg-unsupported:#f6f8fa; --bg-skipped:#f6f8fa; }
 * { box-sizing: border-box; }
 body { font: 14px/1.45 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: var(--ink);
   margin: 0 auto; padding: 20px 28px 80px; max-width: 1500px; }

@@ -94,6 +94,19 @@ ROUNDING_EPS = 1024
 RNG_ORACLES = ("forward-mask", "recompute-mask", "live-stream", "fresh-randomness", "identity")
 
 
+def rounding_only(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRecord) -> bool:
+    """Whether what differs is rounding alone: some gradient or output differs, no RNG oracle and
+    no buffer does, and each differing tensor is within `ROUNDING_EPS` eps of its largest
+    magnitude (`compare.scaled_difference`): the same terms added in another order."""
+    if not mismatches or any(m.oracle not in ("gradient", "output") for m in mismatches):
+        return False
+    for m in mismatches:
+        value = _scaled(reference, under_test, m)
+        if value is None or value > ROUNDING_EPS:
+            return False
+    return True
+
+
 def diagnose(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRecord) -> str:
     """What differs when no RNG draw does: '' when an RNG oracle failed; else which gradients,
     outputs and buffers differ, how far apart (`compare.scaled_difference`), and what that

@@ -520,15 +520,20 @@ class Judgement:
 
 
 def judge(outcome: str, oracles: Iterable[str], error: str, entry: Expectation | None, *,
-          impl: str, must_support_all: bool = False, reason: str = "") -> Judgement:
+          impl: str, must_support_all: bool = False, reason: str = "", rounding_fails: bool = False) -> Judgement:
     """The verdict of a result (`outcome`, failing `oracles`, `error` text) under its entry.
 
     Without an entry: pass -> pass, a failure -> fail, unsupported / skipped -> skip, except that
     an impl that must support every valid case (`must_support_all`) fails an unsupported one.
     With an entry: the failure it names -> xfail; any other failure -> fail ("wrong failure");
-    a pass -> stale.
+    a pass -> stale.  A ``rounding`` outcome (module mode: no random number differs, some
+    gradient or output by rounding only) passes, or fails where `rounding_fails`.
     """
     fired = list(dict.fromkeys(oracles))
+    if outcome == "rounding":
+        note = ("no random number differs; gradients or outputs differ by rounding only (the same terms added in "
+                "another order)")
+        return Judgement("fail", note) if rounding_fails else Judgement("pass", note)
     if outcome == "unsupported" and must_support_all:
         return Judgement("fail", f"{impl} must support every valid case of its device, but declared "
                                  f"this one unsupported: {reason}")
