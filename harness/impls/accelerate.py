@@ -26,17 +26,12 @@ from typing import Any, Callable
 import torch
 
 from .base import Adapter
+from .torch_checkpoint import _Region
 
 
-class Layer(torch.nn.Module):
-    """The layer ``fsdp2_apply_ac`` wraps: its forward is the region."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+class Layer(_Region):
+    """The layer ``fsdp2_apply_ac`` wraps (the plugin names its class to wrap): its forward is the
+    region, as for ``checkpoint_wrapper``."""
 
 
 class _Model(torch.nn.Module):
