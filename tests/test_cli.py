@@ -56,7 +56,7 @@ def attention(report_dir: Path) -> str:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["run", "--impl", "nope", "--device", "cpu"], "unknown implementation 'nope'; known: bundled"),
+        (["run", "--impl", "nope", "--device", "cpu"], "unknown implementation 'nope'; known: accelerate-fsdp2, "),
         (["run", "--layout", "trackd", "--device", "cpu"], "unknown layout 'trackd'; valid values: default"),
         (["list", "--device", "gpu"], "unknown device 'gpu'; valid values: auto, cpu, cuda"),
         (["repro", "not-a-case"], "bad case id 'not-a-case'"),

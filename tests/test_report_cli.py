@@ -128,7 +128,8 @@ GOOD = {"impl": "a", "case_id": "b", "outcome": "pass"}
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"outcome": "flaky"}, "outcome 'flaky' is none of pass, mismatch, error, crash, timeout, unsupported, skipped"),
+    ({"outcome": "flaky"},
+     "outcome 'flaky' is none of pass, rounding, mismatch, error, crash, timeout, unsupported, skipped"),
     ({"verdict": "maybe"}, "verdict 'maybe' is none of pass, fail, xfail, stale, skip"),
     ({"verdict": None}, "verdict None is none of"),
     ({"mismatches": "recompute-mask"}, "mismatches must be a list, not a string"),
