@@ -311,9 +311,12 @@ def test_ctrl_c_while_a_run_sets_up_leaves_the_old_report_whole_without_a_traceb
     import signal
 
     before = old_report(tmp_path / "rep")
+    # SIGINT as at a terminal: a suite started in the background of a non-interactive shell has it
+    # ignored, and a child inherits that (Python then installs no handler until the run's loop)
     run = subprocess.Popen([sys.executable, "-m", "harness", "run", "--case", CASE, "--report-dir",
                             str(tmp_path / "rep"), "--replace-report"], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert run.stdout.readline().startswith("case workers: ")  # printed before any case runs
         run.send_signal(signal.SIGINT)
