@@ -81,7 +81,7 @@ from ..model.programs import Op, ProgramError
 from ..model.spec import parse_program
 from ..results import AS_BUILT
 from ..run.capture import execute
-from ..run.draws import DrawLog, diagnose, draw_op, draw_path, first_divergent_draw, rounding_only
+from ..run.draws import DrawLog, diagnose, draw_op, draw_path, first_divergent_draw, rounding_only, worst_differences
 from ..run.execution import must_support
 from ..run.runner import NotReproducible, TrackedRun, declared_unsupported, reproduction_difference
 from ..run.streams import preserved_global_rng, stream_objects
@@ -595,7 +595,8 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
         return
     result.first_divergent = first_divergent_draw(result.mismatches, result.draws)
     if result.mismatches and result.first_divergent is None:
-        result.diagnosis = diagnose(result.mismatches, reference.record, under_test.record)
-        if rounding_only(result.mismatches, reference.record, under_test.record):
+        worst = worst_differences(result.mismatches, reference.record, under_test.record)  # once, for both
+        result.diagnosis = diagnose(result.mismatches, reference.record, under_test.record, worst)
+        if rounding_only(result.mismatches, reference.record, under_test.record, worst):
             # the RNG is right; the bit-exact gradient oracle saw another summation order
             result.outcome = "rounding"

@@ -138,7 +138,7 @@ class HookAdapter(RematAdapter):
         return (RecomputeRNGHook(tracker),)
 
     def supports(self, case: Case) -> str | None:
-        return super().supports(case) or self.limit(case)
+        return self.limit(case)  # torch_remat's own limits first, then the hook's
 
     def limit(self, case: Case) -> str | None:
         """What it declares: torch_remat's limits, and separate graphs where host values cannot

@@ -94,33 +94,45 @@ ROUNDING_EPS = 1024
 RNG_ORACLES = ("forward-mask", "recompute-mask", "live-stream", "fresh-randomness", "identity")
 
 
-def rounding_only(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRecord) -> bool:
+def worst_differences(mismatches: list[Mismatch], reference: RunRecord,
+                      under_test: RunRecord) -> dict[str, float | None]:
+    """Per gradient or output that differs, its largest scaled difference over the iterations
+    (`compare.scaled_difference`; None: not comparable)."""
+    worst: dict[str, float | None] = {}
+    for m in mismatches:
+        if m.oracle not in ("gradient", "output"):
+            continue
+        value = _scaled(reference, under_test, m)
+        before = worst.get(m.subject, 0.0)
+        worst[m.subject] = None if value is None or before is None else max(before, value)
+    return worst
+
+
+def rounding_only(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRecord,
+                  worst: "dict[str, float | None] | None" = None) -> bool:
     """Whether what differs is rounding alone: some gradient or output differs, no RNG oracle and
     no buffer does, and each differing tensor is within `ROUNDING_EPS` eps of its largest
-    magnitude (`compare.scaled_difference`): the same terms added in another order."""
+    magnitude (`compare.scaled_difference`): the same terms added in another order.  `worst`:
+    `worst_differences` of these mismatches, where the caller has it already."""
     if not mismatches or any(m.oracle not in ("gradient", "output") for m in mismatches):
         return False
-    for m in mismatches:
-        value = _scaled(reference, under_test, m)
-        if value is None or value > ROUNDING_EPS:
-            return False
-    return True
+    if worst is None:
+        worst = worst_differences(mismatches, reference, under_test)
+    return all(value is not None and value <= ROUNDING_EPS for value in worst.values())
 
 
-def diagnose(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRecord) -> str:
+def diagnose(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRecord,
+             worst: "dict[str, float | None] | None" = None) -> str:
     """What differs when no RNG draw does: '' when an RNG oracle failed; else which gradients,
     outputs and buffers differ, how far apart (`compare.scaled_difference`), and what that
-    suggests.  It describes; it never changes the outcome."""
+    suggests.  It describes; it never changes the outcome.  `worst`: as for `rounding_only`."""
     if any(m.oracle in RNG_ORACLES for m in mismatches):
         return ""
     parts = []
     numeric = [m for m in mismatches if m.oracle in ("gradient", "output")]
     # Per tensor (a gradient or output name), its largest scaled difference over the iterations.
-    worst: dict[str, float | None] = {}
-    for m in numeric:
-        value = _scaled(reference, under_test, m)
-        before = worst.get(m.subject, 0.0)
-        worst[m.subject] = None if value is None or before is None else max(before, value)
+    if worst is None:
+        worst = worst_differences(mismatches, reference, under_test)
     for oracle, label in (("gradient", "gradients"), ("output", "outputs")):
         names = list(dict.fromkeys(m.subject for m in numeric if m.oracle == oracle))
         if names:

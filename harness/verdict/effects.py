@@ -106,10 +106,18 @@ def _pinned(program: Any) -> dict[str, Op]:
     return out
 
 
+def _innermost(program: Any, passing: "Passing | None" = None) -> dict[str, Region]:
+    """Site name -> the innermost region around it (entered with `passing`, where given)."""
+    out: dict[str, Region] = {}
+    for region in program.all_regions():  # outer before inner: the inner one wins
+        if passing is None or region.passing is passing:
+            out.update({site.name: region for site in region.sites()})
+    return out
+
+
 def _autocast_sites(program: Any) -> frozenset[str]:
     """The sites that run inside an autocast region (at any depth)."""
-    return frozenset(site.name for region in program.all_regions() if region.passing is Passing.AUTOCAST
-                     for site in region.sites())
+    return frozenset(_innermost(program, Passing.AUTOCAST))
 
 
 def _run_dtype(site: Site, under_autocast: frozenset[str]) -> Dtype:
@@ -279,11 +287,6 @@ def _entering_dtypes(program: Any) -> dict[int, Dtype]:
     return out
 
 
-def _inside(inner: Region, outer: Region) -> bool:
-    """Whether `inner` is a region nested (at any depth) in `outer`."""
-    return any(item is inner or (isinstance(item, Region) and _inside(inner, item)) for item in outer.items)
-
-
 def _policy_caches(site: Site, chosen: str, case: Case, machine: Machine, policies: Sequence[Model]) -> bool:
     """Whether a selective policy caches the op an attention site's recompute runs (on `chosen`,
     another backend than its forward's): it then looks the op up in its cache and finds nothing.
@@ -292,8 +295,7 @@ def _policy_caches(site: Site, chosen: str, case: Case, machine: Machine, polici
     first."""
     fused = chosen != "math"
     op = next((o for o, name in PINNED.items() if name == chosen), None)
-    enclosing = [r for r in case.program.all_regions() if any(s.name == site.name for s in r.sites())]
-    inner = enclosing[-1] if enclosing else None  # all_regions lists outer before inner
+    inner = _innermost(case.program).get(site.name)
     for policy in policies:
         if policy.get("every") and fused:
             return True
@@ -405,13 +407,13 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                 changed.append((region, f"{region.name}'s matmul ran in bfloat16 under autocast in forward; the "
                                         f"recompute, outside it, runs it in {case.program.dtype.value}", False, None))
         # attention of another dtype: autocast ran it in bfloat16, the recompute in its own dtype
+        # (each site under its innermost autocast region)
+        innermost = _innermost(case.program, Passing.AUTOCAST)
         changed += [(region, f"{site.name} ({site.op.value}) ran in bfloat16 under autocast in forward; the "
                              f"recompute, outside it, runs it in {site.dtype.value}", True, site)
                     for region in case.program.all_regions() if region.passing is Passing.AUTOCAST
                     for site in region.sites() if site.op in ATTENTION and site.dtype is not Dtype.BF16
-                    and not any(s.name == site.name for r in case.program.all_regions()
-                                if r is not region and r.passing is Passing.AUTOCAST and _inside(r, region)
-                                for s in r.sites())][:1]
+                    and innermost[site.name] is region][:1]
     else:
         pinned_of = _pinned(case.program)
         under_autocast = _autocast_sites(case.program) if replays_autocast else frozenset()
