@@ -55,6 +55,36 @@ def test_a_stream_left_where_the_recompute_ended_shows_only_once_something_draws
     assert predicted("nonreentrant-default-eager-(dropout_p0)-draws-cpu", NO_RESTORE) == ("mismatch", ("live-stream",))
 
 
+HOST_REWIND = model(behaviour="host-rewind")
+OWN_PAIRS = model(behaviour="host-rewind", per_capture=True)
+
+
+def test_a_host_side_rewind_across_separate_graphs_holds_only_while_nothing_refills_the_device_offset():
+    # torch <= 2.13: the graphs share one device seed/offset pair; a graph with an increment refills it
+    assert predicted("nonreentrant-default-separate-(native_dropout)-none-cuda", HOST_REWIND) == ("pass", ())
+    assert predicted("nonreentrant-default-separate-(native_dropout)-draws-cuda", HOST_REWIND) == (
+        "mismatch", ("recompute-mask", "gradient"))
+    # the trait changes nothing eagerly or in one graph
+    assert predicted("nonreentrant-default-eager-(native_dropout)-draws-cuda", HOST_REWIND) == ("pass", ())
+    assert predicted("nonreentrant-default-single-(native_dropout)-draws-cuda", HOST_REWIND) == ("pass", ())
+    # torch >= 2.14: every graph has its own pair, filled at every replay
+    assert predicted("nonreentrant-default-separate-(native_dropout)-none-cuda", OWN_PAIRS) == (
+        "mismatch", ("recompute-mask", "gradient"))
+    assert predicted("nonreentrant-default-separate-(dropout_p0)-none-cuda", OWN_PAIRS) == ("pass", ())
+
+
+def test_a_recompute_left_moved_gives_the_backward_graph_an_increment():
+    # eagerly a region drawing nothing loses the interleaved draws (above); in separate graphs the
+    # backward graph's offset ends where the first region began (0): no increment, nothing moves
+    assert predicted("reentrant-default-separate-(dropout_p0)-draws-cuda", NO_RESTORE, HOST_REWIND) == ("pass", ())
+    assert predicted("reentrant-default-separate-(nodraw)+(native_dropout)-draws-cuda", NO_RESTORE, HOST_REWIND) == (
+        "mismatch", ("recompute-mask", "gradient"))
+    # a region that draws leaves it moved: the backward graph's replay refills the pair and moves
+    # the host offset, so every later forward draws elsewhere
+    assert predicted("nonreentrant-default-separate-x2:(native_dropout)-none-cuda", NO_RESTORE, HOST_REWIND) == (
+        "mismatch", ALL_FIVE)
+
+
 def test_a_saved_first_rng_op_shifts_the_next_draw_of_its_stream_only():
     first = model(behaviour="saved-rng-ops", first=True)
     assert predicted("nonreentrant-default-eager-(native_dropout+native_dropout)-none-cpu", first, EARLY) == (

@@ -280,6 +280,11 @@ def _parser() -> argparse.ArgumentParser:
     p_explain.add_argument("case_id", metavar="CASE")
     p_explain.add_argument("--impl", required=True)
     p_explain.add_argument("--version", default=None, help="the impl version to judge for (versions ranges)")
+    p_explain.add_argument("--machine", default=None, metavar="FACTS.json",
+                           help="what the installed torch does on the machine the case ran on, for the models "
+                                "(e.g. cases/machines/h200-torch2.11.json; default: ask this machine's torch)")
+    p_explain.add_argument("--torch", default=None, metavar="VERSION",
+                           help="the torch version to judge for (torch ranges; default this process's)")
     p_conflicts = exp_sub.add_parser("conflicts", help="cases of the default matrices that two entries of one impl "
                                                        "claim with different failures (exit 1 when any)")
     p_conflicts.add_argument("--device", default="cpu,cuda", help="the matrices to look in (default cpu,cuda)")
@@ -883,7 +888,11 @@ def cmd_expectations(args: argparse.Namespace) -> int:
                              "--impls (an import path pkg.mod:factory also counts)")
         if args.version is not None:
             _pep440(args.version, "--version", "2.11.0, 0.16.1")
-        found = expectations_mod.find(entries, args.impl, case, version=args.version)
+        from ..verdict import diff
+
+        machine = diff.load_machine(args.machine) if args.machine else None
+        found = expectations_mod.find(entries, args.impl, case, version=args.version, torch_version=args.torch,
+                                      machine=machine)
         print(f"{args.impl} {case.id}: " + (f"claimed by {found.label}: expects {found.expected()}" if found
                                              else "no entry claims it: a failure is a failure, a pass a pass"))
         if found is not None and found.prediction is not None:
@@ -891,7 +900,8 @@ def cmd_expectations(args: argparse.Namespace) -> int:
                 print(f"  why   {line}")
             if found.also:
                 print(f"  with  {', '.join(found.also)} (their models compose with its)")
-        lines = expectations_mod.explain(entries, args.impl, case, version=args.version)
+        lines = expectations_mod.explain(entries, args.impl, case, version=args.version, torch_version=args.torch,
+                                         machine=machine)
         print("\n".join(lines) if lines else f"  (no entry names {args.impl})")
         return 0
     if args.action == "audit":

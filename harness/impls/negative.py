@@ -407,10 +407,14 @@ class IdPoolAdapter(_EagerBugAdapter):
     then redraws the later region's numbers.  (An inner region that is its outer region's first
     item shares the outer's key too, but nothing draws between their entries: the same snapshot.)
     Its snapshots are host values, so under capture, and for a region that receives no tensor (a
-    closure), it is `bundled`."""
+    closure), it is `bundled`.  The pool holds each key's tensor too: a freed tensor's id() may
+    come back for an unrelated tensor (CPython reuses the slot), which would make which regions
+    collide depend on the allocator, not on the program (seen on the H200: a region fed an
+    intermediate of an earlier region shared its key with a later region's input)."""
 
     def supports(self, case: Any) -> str | None:
         self.pool: dict[int, StateValues] = {}  # a fresh pool per case
+        self.keys: dict[int, torch.Tensor] = {}  # keeps every key's tensor alive: no id() reuse
         return super().supports(case)
 
     def checkpoint(self, fn: Any, *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
@@ -418,6 +422,7 @@ class IdPoolAdapter(_EagerBugAdapter):
         if not (tensors and self.eager):
             return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
         key = id(tensors[0])
+        self.keys[key] = tensors[0]
         self.pool[key] = StateValues.take(live_generators(tracker))
         calls = [0]
 

@@ -73,6 +73,10 @@ class Effects:
     # checkpoint that backpropagates only the outputs that need grad goes on, silently)
     recompute_raises: bool = True
     nested_frames: bool = False  # `nested-frames`: an inner region's inputs sit in its enclosing frame
+    # `host-rewind` in a separate-graphs CUDA case: (per-capture device tensors, entry index)
+    host_rewind: "tuple[bool, int] | None" = None
+    # `input-keyed-snapshots` (eager): region (id) -> the tensor it is called with, entry index
+    input_keys: "tuple[dict[int, int], int] | None" = None
     raised: list[tuple[Raised, int]] = field(default_factory=list)
     mismatch: dict[str, set[int]] = field(default_factory=dict)  # oracle -> entry indexes
     why: dict[int, list[str]] = field(default_factory=dict)
@@ -230,9 +234,70 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
             effects.early_stop = True
         elif name == "nested-frames":
             pass  # read before the loop: it orders the recomputes
+        elif name == "grouped-input-gradient":
+            hit = _grouped_read(program)
+            if hit is not None:
+                effects.fails("gradient", index, f"{hit.name} reads its input in a group with an inner region and "
+                                                 "the input is read beside it too: its input gradient is summed in "
+                                                 "another order (rounding, not a draw)")
+        elif name == "input-keyed-snapshots":
+            if case.capture.value == "eager" and effects.input_keys is None:
+                effects.input_keys = (_input_tensors(program), index)
+        elif name == "host-rewind":
+            if case.capture.value == "separate" and device == "cuda" and effects.host_rewind is None:
+                effects.host_rewind = (bool(model.get("per_capture", False)), index)
     if effects.invisible:
         _invisible_effects(program, effects, order)
     return effects
+
+
+def _grouped_read(program: Any) -> "Region | None":
+    """The first region read beside other items of its group (they read its input too) whose
+    body starts with a group of an inner region and more items (`grouped-input-gradient`)."""
+    def walk(items: Sequence[Any]) -> "Region | None":
+        for group in reading_groups(tuple(items)):
+            for item in group:
+                if not isinstance(item, Region):
+                    continue
+                first = next(iter(reading_groups(tuple(item.items))), [])
+                if (len(group) > 1 and item.passing is not Passing.CLOSURE and len(first) > 1
+                        and any(isinstance(i, Region) for i in first)):
+                    return item
+                found = walk(item.items)
+                if found is not None:
+                    return found
+        return None
+
+    return walk(program.items())
+
+
+def _input_tensors(program: Any) -> dict[int, int]:
+    """Region (id) -> the tensor (a number per tensor object) the workload calls its checkpoint
+    with: the tensor its reading group reads (`reading_groups`); a region's body reads its own
+    input, except where it computes a new one first (autocast's matmul, the mean of twice's two
+    arguments).  Closure regions pass no tensor and are absent."""
+    out: dict[int, int] = {}
+    fresh = iter(range(1, 1 << 30))
+
+    def walk(items: Sequence[Any], tensor: int) -> int:
+        for first, *parallel in reading_groups(tuple(items)):
+            base = tensor
+            tensor = step(first, base)
+            for item in parallel:
+                step(item, base)
+                tensor = next(fresh)  # the sum
+        return tensor
+
+    def step(item: Any, tensor: int) -> int:
+        if isinstance(item, Region):
+            if item.passing is not Passing.CLOSURE:
+                out[id(item)] = tensor
+            body = next(fresh) if item.passing in (Passing.AUTOCAST, Passing.TWICE) else tensor
+            walk(item.items, body)
+        return next(fresh)  # a site's output; a region's (its last item's, cast back: a new tensor)
+
+    walk(program.items(), 0)
+    return out
 
 
 def _seeded(site: Site, pinned: dict[str, Op], case: Case, machine: Machine) -> bool:

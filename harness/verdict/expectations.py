@@ -411,19 +411,21 @@ def predicted(entries: Iterable[Expectation], impl: str, case: Any, version: "st
         prediction=prediction, also=tuple(applying[i].label for i in prediction.causes[1:]))
 
 
-def explain(entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None) -> list[str]:
+def explain(entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None,
+            torch_version: "str | None" = None, machine: "Machine | None" = None) -> list[str]:
     """Which entry of `impl` claims `case` and why each other one does not, one line per entry
-    of that impl, in file order ('matches' first-wins, 'also matches', or what it misses)."""
+    of that impl, in file order ('matches' first-wins, 'also matches', or what it misses).
+    `torch_version` and `machine` as for `find`."""
     lines, chosen = [], None
     found = _case(case)
     for entry in entries:
         if not fnmatch.fnmatchcase(impl, entry.impl):
             continue
-        misses = entry.misses(case) or entry.outside(version)
+        misses = entry.misses(case) or entry.outside(version, torch_version)
         if misses:
             lines.append(f"  no    {entry.label}: {'; '.join(misses)}")
         elif entry.model is not None:
-            alone = predict([entry.model], found, LOCAL) if found is not None else None
+            alone = predict([entry.model], found, machine or LOCAL) if found is not None else None
             said = ("predicts a pass: its bug cannot show here" if alone is None or alone.outcome == "pass"
                     else f"predicts {_predicted(alone)}" + (f": {alone.why[0]}" if alone.why else ""))
             lines.append(f"  model {entry.label}: {entry.model.describe()} {said}")

@@ -57,6 +57,26 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
 ``nested-frames``
     a trait: an inner region's inputs are saved by its enclosing region's frame, so the enclosing
     region recomputes before its inner ones (torch's non-reentrant checkpoint).
+``input-keyed-snapshots``
+    eager snapshots kept in a pool keyed by the input tensor a region is called with (its
+    ``id()``): regions called with one tensor (parallel items, an inner region in its enclosing
+    region's first group) share a key, the later snapshot replaces the earlier, and a recompute
+    rewinds to what its key holds.  A closure region passes no tensor and keeps its own.
+``grouped-input-gradient``
+    not an RNG bug: its backward hands back a region's input gradient already summed over the
+    region's own reads of it, and the engine adds the input's other reads after; where a region
+    reads its input in a group that starts with an inner region and more items, and the input
+    is also read beside the region, the terms are added in another order than the reference's:
+    the gradient differs by rounding (seen with Megatron's CheckpointWithoutOutput).
+``host-rewind`` (``per_capture``)
+    under separate forward and backward graphs (CUDA) its snapshots and rewinds are host values,
+    relative to the graph being captured: the recompute draws at the backward graph's base plus
+    the forward's offset.  Up to torch 2.13 a generator's graphs share one device seed/offset
+    pair, refilled on replay by a graph whose net increment is not zero (another micro-batch's
+    graph between forward and backward, or a backward graph its recompute leaves moved), so the
+    rewind lines up only where nothing refilled it; ``per_capture = true`` (torch >= 2.14): every
+    graph has its own pair, filled at each replay, and it never does.  The streams' host offset
+    advances by each graph's increment: a backward graph left moved moves the next forward.
 
 `predict` composes every behaviour an impl has in a case (`effects.effects_of`): the first error
 wins (forward; the start of backward; then the recomputes in the order backward runs them, and the
@@ -94,6 +114,9 @@ BEHAVIOURS = {
     "skips-save-regions": {"restored"},
     "early-stop": set(),
     "nested-frames": set(),
+    "host-rewind": {"per_capture"},
+    "input-keyed-snapshots": set(),
+    "grouped-input-gradient": set(),
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
             "input-invisible": {"passing", "message"}, "context-not-replayed": {"context"},
@@ -101,7 +124,8 @@ REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "messag
             "early-stop": set(), "nested-frames": set(),
             "rewound-after-forward": {"streams"}, "snapshot-slots": {"slots"},
             "snapshots-frozen": {"after_steps"}, "inert-fork": {"message"}, "leaks-ambient": set(),
-            "skips-save-regions": set()}
+            "skips-save-regions": set(), "host-rewind": set(),
+            "input-keyed-snapshots": set(), "grouped-input-gradient": set()}
 
 class ModelError(UsageError):
     """A malformed model table; the message is one line."""
@@ -160,7 +184,7 @@ def parse_model(raw: Any, where: str) -> Model:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelError(f"{where} model {key} must be a positive integer, not {value!r}")
             params[key] = value
-        elif key in ("first", "every", "recompute_raises"):
+        elif key in ("first", "every", "recompute_raises", "per_capture"):
             if not isinstance(value, bool):
                 raise ModelError(f"{where} model {key} must be true or false")
             params[key] = value

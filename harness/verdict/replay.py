@@ -34,6 +34,7 @@ class Frame:
     state: Any
     slot: "int | None" = None
     ordinal: "int | None" = None
+    key: "int | None" = None  # `input-keyed-snapshots`: the input tensor its snapshot is kept under
 
 
 def _stream_key(code: str, device: str) -> str:
@@ -190,6 +191,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
     slots: list[State] = [State(tuple)] * (effects.slots[0] if effects.slots else 0)
     pending: list[int] = []  # slots in use, oldest first
     by_ordinal: dict[int, State] = {}  # `snapshots-frozen`: the state kept per region call of a step
+    by_input: dict[int, State] = {}  # `input-keyed-snapshots`: the state kept per input tensor
     step = {"number": 0, "ordinal": 0, "recomputing": 0}
 
     def enter(snapshots: dict[int, Frame], region: Region) -> None:
@@ -204,6 +206,10 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             frame.slot = free[0] if free else pending.pop(0)  # no free slot: the oldest is overwritten
             slots[frame.slot] = frame.state
             pending.append(frame.slot)
+        if effects.input_keys and not step["recomputing"] and id(region) in effects.input_keys[0]:
+            # (a recompute calls inner regions with new tensors: keys of their own)
+            frame.key = effects.input_keys[0][id(region)]
+            by_input[frame.key] = frame.state
         if effects.frozen and not step["recomputing"]:
             frame.ordinal = step["ordinal"]
             step["ordinal"] += 1
@@ -219,6 +225,9 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             if frame.slot in pending:
                 pending.remove(frame.slot)
             index = effects.slots[1] if found is not frame.state else -1
+        if frame.key is not None:
+            found = by_input[frame.key]
+            index = effects.input_keys[1] if found is not frame.state else -1
         if frame.ordinal is not None and frame.ordinal in by_ordinal:
             found = by_ordinal[frame.ordinal]
             index = effects.frozen[1] if found is not frame.state else -1
@@ -239,7 +248,11 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
     ref, ck = State(tuple), State(tuple)
     moved_by: dict[str, int] = {}  # stream -> the entry whose behaviour first moved it off the reference
     last_fwd: dict[str, int] = {}
-    for iteration in range(program.iterations):
+    # `host-rewind` under separate graphs: one pass is the capture of the forward graph and of the
+    # backward graph, positions relative to each graph; `_graph_replays` then replays them
+    graphs = effects.host_rewind is not None
+    recomputed: list[tuple[str, bool]] = []  # (stream, whether a gradient uses it) per rerun draw
+    for iteration in range(1 if graphs else program.iterations):
         step.update(number=iteration, ordinal=0)
         ref_fwd: dict[str, int] = {}
         for site in program.sites():
@@ -270,7 +283,9 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             if last_fwd.get(name) == position and token[name].split(".")[0] in RECORDS_THE_DRAW:
                 fail(("fresh-randomness",), moved_by.get(key[name], -1))
         last_fwd = dict(ck_fwd)
-        if interleave:
+        if graphs:  # the backward graph's capture starts at its own offset 0
+            forward_increment, ck = dict(ck), State(tuple)
+        elif interleave:
             for stream in keys:
                 ref[stream] += ("interleaved",)
                 ck[stream] += ("interleaved",)
@@ -329,6 +344,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                                        "saved by the policy, not rerun" if stream in shift else "at another position")
                                 notes.setdefault(cause, f"{region.name}'s recompute redraws {item.name}@"
                                                         f"{code[item.name]} {how}")
+                            recomputed.append((stream, reentrant or id(item) in mine or order.index(item) < last))
                             ck[stream] += (token[item.name],)
                             if stream in free:
                                 moved_by.setdefault(stream, free[stream])
@@ -361,9 +377,68 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             # A drawing site no recompute reruns: the recompute-mask oracle says "never recomputed"
             # (not of a site in a SAVE region, which it allows to be kept).
             fail(("recompute-mask",), effects.invisible_index)
+        if graphs:
+            _graph_replays(case, effects, forward_increment, dict(ck), dict(ref), ck_fwd, recomputed,
+                           moved_by, keys, fail, notes)
+            break
         for stream in keys:
             if ck[stream] != ref[stream]:
                 fail(("live-stream",), moved_by.get(stream, -1))
     for index, note in notes.items():
         effects.why.setdefault(index, []).append(note)
     return causes
+
+
+def _graph_replays(case: Case, effects: Effects, forward_increment: dict[str, tuple],
+                   backward_increment: dict[str, tuple], reference_increment: dict[str, tuple], forward_draws: dict[str, Any],
+                   recomputed: Sequence[tuple[str, bool]], moved_by: dict[str, int], keys: set[str],
+                   fail: Any, notes: dict[int, str]) -> None:
+    """`host-rewind` under separate graphs: the replays of the forward graph, the interleaved
+    draws' graph and the backward graph, iteration after iteration, per stream.
+
+    A graph draws at its device base plus the offset its capture recorded (the capture pass of
+    `replay` compared those offsets).  Up to torch 2.13 a stream's graphs share one device base,
+    which a replay refills from the host offset only where the graph's increment is not empty;
+    `per_capture`: each graph has its own, filled at every replay.  The host offset advances by
+    each graph's increment.  A recompute draw fails where the backward graph's base is not the
+    forward graph's, a forward draw where the forward graph's base is not the reference's (a
+    backward graph left moved), a stream where its host offset ends elsewhere."""
+    per_capture, index = effects.host_rewind
+    between = case.interleave.value == "draws"
+    code = case.streams()
+    forward_streams = {_stream_key(code[name], case.device.value) for name in forward_draws}
+
+    def bases(increments: Sequence[tuple]) -> list[tuple[Any, ...]]:
+        """Per iteration, (the base each graph drew at, ..., the host offset at its end)."""
+        host: tuple = ()
+        shared: Any = ("captured",)  # what the device pair held before the first replay
+        out = []
+        for _ in range(case.program.iterations):
+            seen = []
+            for increment in increments:
+                if per_capture or increment:
+                    shared = host
+                seen.append(shared)
+                host += increment
+            out.append((*seen, host))
+        return out
+
+    for stream in sorted(keys):
+        graphs = [forward_increment.get(stream, ()), backward_increment.get(stream, ())]
+        if between:
+            graphs.insert(1, ("interleaved",))
+        ck = bases(graphs)
+        ref = bases([reference_increment.get(stream, ()), *graphs[1:-1], ()])
+        if any(row[0] != row[-2] for row in ck):
+            for drawn, used in recomputed:
+                if drawn == stream:
+                    fail(("recompute-mask", "gradient") if used else ("recompute-mask",), index)
+                    notes.setdefault(index, f"the backward graph's recompute draws {stream} from another device "
+                                            "base than the forward graph's: its rewind is capture-relative")
+        cause = moved_by.get(stream, index)
+        if stream in forward_streams and any(a[0] != b[0] for a, b in zip(ck, ref)):
+            fail(("forward-mask", "output", "gradient"), cause)
+        if any(a[-1] != b[-1] for a, b in zip(ck, ref)):
+            fail(("live-stream",), cause)
+            notes.setdefault(cause, f"the backward graph's capture leaves {stream} moved: every replay advances "
+                                    "it further than the reference's")
