@@ -390,7 +390,8 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
 
 
 def _graph_replays(case: Case, effects: Effects, forward_increment: dict[str, tuple],
-                   backward_increment: dict[str, tuple], reference_increment: dict[str, tuple], forward_draws: dict[str, Any],
+                   backward_increment: dict[str, tuple], reference_increment: dict[str, tuple],
+                   forward_draws: dict[str, Any],
                    recomputed: Sequence[tuple[str, bool]], moved_by: dict[str, int], keys: set[str],
                    fail: Any, notes: dict[int, str]) -> None:
     """`host-rewind` under separate graphs: the replays of the forward graph, the interleaved
