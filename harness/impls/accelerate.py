@@ -84,6 +84,10 @@ class AccelerateFSDP2Adapter(Adapter):
         if reason is None and case.mode.value == "reentrant":
             reason = ("fsdp2_apply_ac uses checkpoint_wrapper's default, torch's non-reentrant checkpoint: "
                       "no reentrant path")
+        if reason is None and self.offload and case.capture.value != "eager":
+            # seen on the H200 (torch 2.11): cudaErrorStreamCaptureInvalidated in every capture case
+            reason = ("offload_wrapper (save_on_cpu) copies saved activations to pinned host memory, "
+                      "which a CUDA graph capture cannot record")
         return reason
 
     def plugin(self) -> Any:

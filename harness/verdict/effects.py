@@ -78,6 +78,9 @@ class Effects:
     # `input-keyed-snapshots` (eager): region (id) -> the tensor it is called with, entry index
     input_keys: "tuple[dict[int, int], int] | None" = None
     raised: list[tuple[Raised, int]] = field(default_factory=list)
+    # `context-not-replayed` without an error: (region id, oracles, entry index, why), kept where
+    # backward recomputes the region
+    unreplayed: list[tuple[int, tuple[str, ...], int, str]] = field(default_factory=list)
     mismatch: dict[str, set[int]] = field(default_factory=dict)  # oracle -> entry indexes
     why: dict[int, list[str]] = field(default_factory=dict)
 
@@ -237,9 +240,9 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
         elif name == "grouped-input-gradient":
             hit = _grouped_read(program)
             if hit is not None:
-                effects.fails("gradient", index, f"{hit.name} reads its input in a group with an inner region and "
-                                                 "the input is read beside it too: its input gradient is summed in "
-                                                 "another order (rounding, not a draw)")
+                effects.fails("gradient", index, f"{hit.name} reads its input more than once and a later item reads "
+                                                 "it too: its input gradient is summed in another order (rounding, "
+                                                 "not a draw)")
         elif name == "input-keyed-snapshots":
             if case.capture.value == "eager" and effects.input_keys is None:
                 effects.input_keys = (_input_tensors(program), index)
@@ -248,27 +251,29 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
                 effects.host_rewind = (bool(model.get("per_capture", False)), index)
     if effects.invisible:
         _invisible_effects(program, effects, order)
+    for region_id, oracles, index, why in effects.unreplayed:
+        if effects.reached is None or region_id in effects.reached:
+            for oracle in oracles:
+                effects.fails(oracle, index, why if oracle == "gradient" else "")
     return effects
 
 
 def _grouped_read(program: Any) -> "Region | None":
-    """The first region read beside other items of its group (they read its input too) whose
-    body starts with a group of an inner region and more items (`grouped-input-gradient`)."""
-    def walk(items: Sequence[Any]) -> "Region | None":
-        for group in reading_groups(tuple(items)):
-            for item in group:
-                if not isinstance(item, Region):
-                    continue
-                first = next(iter(reading_groups(tuple(item.items))), [])
-                if (len(group) > 1 and item.passing is not Passing.CLOSURE and len(first) > 1
-                        and any(isinstance(i, Region) for i in first)):
-                    return item
-                found = walk(item.items)
-                if found is not None:
-                    return found
-        return None
+    """The first top-level region whose input a later parallel item reads too and which reads
+    it at least twice itself (the items of its first group, through the first groups of inner
+    regions that read the same tensor): `grouped-input-gradient`.  The reference adds the
+    gradient terms of that tensor one by one, the later reader's first; the checkpoint hands
+    back the region's own terms already summed."""
+    def reads(region: Region) -> int:
+        first = next(iter(reading_groups(tuple(region.items))), [])
+        return sum(max(1, reads(item)) if isinstance(item, Region) and item.passing not in (
+            Passing.CLOSURE, Passing.AUTOCAST, Passing.TWICE) else 1 for item in first)
 
-    return walk(program.items())
+    for group in reading_groups(tuple(program.items())):
+        for item in group[:-1]:
+            if isinstance(item, Region) and item.passing is not Passing.CLOSURE and reads(item) > 1:
+                return item
+    return None
 
 
 def _input_tensors(program: Any) -> dict[int, int]:
@@ -500,6 +505,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                                 site))
     autocast = model.get("context") == ("autocast",)
     attention_message = model.get("attention_message") if autocast and not reentrant else None
+    mixed_message = model.get("mixed_message") if autocast else None
     # regions whose attention's backward (it runs before the matmul's) meets the other dtype first
     attention_first = {id(region) for region, _, _, site in changed if site is not None} if attention_message \
         else set()
@@ -508,6 +514,9 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
             effects.raised.append((Raised(RECOMPUTE, order[site.name], attention_message, why, site.index), index))
             continue
         if id(region) in attention_first:
+            continue
+        if mixed_message and site is None and id(region) in always:
+            effects.raised.append((Raised(RECOMPUTE, order[id(region)], mixed_message, why), index))
             continue
         # the message is the matmul's dtype error; attention in another dtype raises nothing
         if message and (not reentrant or id(region) in always) and not (autocast and site is not None):
@@ -520,7 +529,6 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                 # op raises during any recompute (a cached tensor found mutated) comes first
                 rank += len(order)
             effects.raised.append((Raised(RECOMPUTE, rank, said, why, site.index if site else -1), index))
-        else:
-            effects.fails("gradient", index, why)
-            if drawn:
-                effects.fails("recompute-mask", index)
+        else:  # (only where backward recomputes the region: `_invisible_effects` may say it does not)
+            effects.unreplayed.append((id(region), ("gradient", "recompute-mask") if drawn else ("gradient",),
+                                       index, why))

@@ -46,7 +46,8 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     raises (it is not in the cache), ``recomputed_message`` what one it recomputes raises.  Under
     ``autocast``, ``attention_message`` is what a non-reentrant backward raises where attention
     autocast ran in bfloat16 is recomputed in another dtype (its backward comes before the
-    matmul's).
+    matmul's).  ``mixed_message`` (a checkpoint with no recompute check): what only a matmul of
+    two dtypes raises (a region entered with another dtype than its matrix's), in either mode.
 ``inert-fork`` (``message``)
     the tracker's fork() switches to no stream: the reference check refuses the run where a
     tracked site draws (and in the shared layout).
@@ -64,10 +65,10 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     rewinds to what its key holds.  A closure region passes no tensor and keeps its own.
 ``grouped-input-gradient``
     not an RNG bug: its backward hands back a region's input gradient already summed over the
-    region's own reads of it, and the engine adds the input's other reads after; where a region
-    reads its input in a group that starts with an inner region and more items, and the input
-    is also read beside the region, the terms are added in another order than the reference's:
-    the gradient differs by rounding (seen with Megatron's CheckpointWithoutOutput).
+    region's own reads of it, and the engine adds the input's other reads to that sum; where a
+    top-level region reads its input more than once and a later parallel item reads it too, the
+    reference adds the terms one by one (the later reader's first), so the gradient differs by
+    rounding (seen with Megatron's CheckpointWithoutOutput; the sums can round alike by chance).
 ``host-rewind`` (``per_capture``)
     under separate forward and backward graphs (CUDA) its snapshots and rewinds are host values,
     relative to the graph being captured: the recompute draws at the backward graph's base plus
@@ -102,7 +103,7 @@ BEHAVIOURS = {
     "unsaved-streams": {"streams", "passing"},
     "refuses-input": {"passing", "message"},
     "input-invisible": {"passing", "message", "recompute_raises"},
-    "context-not-replayed": {"context", "message", "recomputed_message", "attention_message"},
+    "context-not-replayed": {"context", "message", "recomputed_message", "attention_message", "mixed_message"},
     "saved-rng-ops": {"ops", "first", "every", "mutated_message"},
     "not-restored": {"streams"},
     "extra-draw": {"streams"},
@@ -170,7 +171,7 @@ def parse_model(raw: Any, where: str) -> Model:
     params: dict[str, Any] = {}
     for key in sorted(keys):
         value = raw[key]
-        if key in ("message", "mutated_message", "recomputed_message", "attention_message"):
+        if key in ("message", "mutated_message", "recomputed_message", "attention_message", "mixed_message"):
             import re
 
             if not isinstance(value, str):
