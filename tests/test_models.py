@@ -85,6 +85,45 @@ def test_a_recompute_left_moved_gives_the_backward_graph_an_increment():
         "mismatch", ALL_FIVE)
 
 
+KEYED = model(behaviour="input-keyed-snapshots")
+GROUPED = model(behaviour="grouped-input-gradient")
+
+
+def test_snapshots_keyed_by_the_input_tensor_collide_only_where_two_regions_read_one_tensor():
+    # (a)&(b): both read the program's input; the later snapshot (after a drew) replaces the earlier
+    assert predicted("nonreentrant-default-eager-(native_dropout)&(native_dropout)-none-cpu", KEYED) == (
+        "mismatch", ("recompute-mask", "gradient"))
+    assert predicted("nonreentrant-default-eager-(native_dropout)+(native_dropout)-none-cpu", KEYED) == ("pass", ())
+    # a closure region passes no tensor: it keeps its own snapshot
+    assert predicted("nonreentrant-default-eager-(native_dropout)&closure(native_dropout)-none-cpu", KEYED) == (
+        "pass", ())
+    # an inner region reading an intermediate of its enclosing region shares no key with a later one
+    assert predicted("nonreentrant-default-eager-(native_dropout+native_dropout&(native_dropout))+(native_dropout)"
+                     "-none-cpu", KEYED) == ("pass", ())
+    # under capture the control is bundled
+    assert predicted("nonreentrant-default-separate-(native_dropout)&(native_dropout)-none-cuda", KEYED) == (
+        "pass", ())
+
+
+def test_an_input_gradient_summed_inside_the_region_differs_only_with_a_later_reader_beside_it():
+    assert predicted("nonreentrant-default-eager-(native_dropout&native_dropout+native_dropout)&native_dropout"
+                     "-none-cuda", GROUPED) == ("mismatch", ("gradient",))
+    # no later reader (the earlier one's term comes last in the reference too), or one read inside
+    assert predicted("nonreentrant-default-eager-native_dropout&(native_dropout&native_dropout)-none-cuda",
+                     GROUPED) == ("pass", ())
+    assert predicted("nonreentrant-default-eager-(native_dropout+native_dropout)&native_dropout-none-cuda",
+                     GROUPED) == ("pass", ())
+
+
+def test_a_context_the_recompute_misses_changes_nothing_in_a_region_backward_never_recomputes():
+    sdpa = model(behaviour="context-not-replayed", context="sdpa_kernel")
+    invisible = model(behaviour="input-invisible", passing="keyword", message="^RuntimeError")
+    case = "reentrant-default-eager-((native_dropout)&keyword(sdpa_kernel(sdpa_flash.bf16+native_dropout)))-none-cuda"
+    alone = predicted(case, sdpa, machine=h200_torch_2_11())
+    assert alone[0] == "mismatch" and "recompute-mask" in alone[1]
+    assert predicted(case, invisible, sdpa, machine=h200_torch_2_11()) == ("mismatch", ("gradient",))
+
+
 def test_a_saved_first_rng_op_shifts_the_next_draw_of_its_stream_only():
     first = model(behaviour="saved-rng-ops", first=True)
     assert predicted("nonreentrant-default-eager-(native_dropout+native_dropout)-none-cpu", first, EARLY) == (
@@ -145,6 +184,11 @@ def test_a_context_the_recompute_does_not_replay_depends_on_what_this_machine_pi
     ("torch", "reentrant-tracked-eager-list(native_dropout)&(native_dropout)-none-cpu"),
     ("torch-sac-save-first-rng", "nonreentrant-default-eager-((native_dropout+native_dropout)+rand)-none-cpu"),
     ("torch-sac-titan", "nonreentrant-tracked-eager-(rand+(native_dropout))-none-cpu"),
+    ("neg-id-pool", "nonreentrant-default-eager-(native_dropout)&(native_dropout)-none-cpu"),
+    ("neg-id-pool", "nonreentrant-default-eager-(native_dropout)&closure(native_dropout)-none-cpu"),
+    ("neg-id-pool", "reentrant-default-eager-(native_dropout+native_dropout&(native_dropout))+(native_dropout)-none-cpu"),
+    ("neg-id-pool", "nonreentrant-default-eager-(native_dropout+native_dropout&(native_dropout+(native_dropout)"
+                    "+native_dropout))+(native_dropout)+(native_dropout)-none-cpu"),
 ])
 def test_the_prediction_is_what_the_impl_does(impl, case_id):
     # The models against the real thing: the oracles a model predicts are those the run fires
