@@ -28,7 +28,8 @@ def gpu(session: nox.Session) -> None:
     workers for CUDA (`--workers-per-gpu N`, else from the host's cores and the GPU's memory; the
     pytest header says how many and why); each pins itself to a GPU (harness.fronts.gpus) before
     its first CUDA call, and each case runs in a replaceable worker process (--isolate), so an
-    abort or a sticky CUDA error is recorded and the run goes on.
+    abort or a sticky CUDA error is recorded and the run goes on.  Then the rank slice: two ranks
+    per case (`harness run --ranks 2`), report in reports/gpu-ranks.
     """
     probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     count = int(session.run(PYTHON, "-c", probe, silent=True).strip().splitlines()[-1])
@@ -39,6 +40,11 @@ def gpu(session: nox.Session) -> None:
     session.log(f"{count} GPU(s)")
     session.run(PYTHON, "-m", "pytest", "cases", "--device", "cuda", "-n", "auto", "--isolate",
                 *impl_args, *args)
+    # The rank slice (issue 41): two ranks sharing the GPU (gloo), the correct checkpoints and the
+    # controls only ranks catch, over the first matrix's programs, eager and in one graph.
+    session.run(PYTHON, "-m", "harness", "run", "--ranks", "2", "--device", "cuda",
+                "--impl", "bundled,torch,neg-rank0-snapshot,neg-rank-reseed", "--program", "flat,nested,siblings",
+                "--capture", "eager,single", "--report-dir", "reports/gpu-ranks", "--replace-report", "-q")
 
 
 @nox.session(python=False)

@@ -54,7 +54,7 @@ SKIPPED_OUTCOMES = ("unsupported", "skipped")
 OUTCOMES = ("pass", "rounding", *FAILED_OUTCOMES, *SKIPPED_OUTCOMES)  # rounding: module mode only
 VERDICTS = tuple(v.value for v in Verdict)
 ORACLES = ("forward-mask", "recompute-mask", "gradient", "buffer", "live-stream", "fresh-randomness",
-           "output", "identity", "ambient")
+           "output", "identity", "ambient", "rank-streams")
 # The case's axes and program factors, one column each (`cases.AXES` holds their value enums;
 # a test ties the two), then the program's name.
 AXES = ("mode", "layout", "capture", "nesting", "interleave", "device", "op", "dtype", "shape", "passing")

@@ -245,3 +245,34 @@ class BundledDecliningAll(BundledAdapter):
 
 def make_bundled_declining_all():
     return BundledDecliningAll()
+
+
+class RankOneFails(BundledAdapter):
+    """On rank 1 only, in the cases whose program is `program`: dies (``die``) or hangs (``hang``)
+    inside the checkpoint, the way one rank of a group fails; every other rank and case is bundled."""
+
+    def __init__(self, fault: str, program: str) -> None:
+        super().__init__()
+        self.fault, self.program = fault, program
+        self.name = f"rank-one-{fault}s"
+
+    def checkpoint(self, fn, *args, reentrant, tracker, **kwargs):
+        from harness.rank_context import current
+
+        if current().rank == 1 and self.case_program == self.program:
+            if self.fault == "die":
+                os._exit(7)
+            time.sleep(3600)
+        return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
+
+    def supports(self, case):
+        self.case_program = case.program.name
+        return super().supports(case)
+
+
+def make_rank_one_dies():
+    return RankOneFails("die", "nested")
+
+
+def make_rank_one_hangs():
+    return RankOneFails("hang", "nested")

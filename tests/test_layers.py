@@ -3,7 +3,7 @@ its layer or goes down to one `ALLOWED` names, so the layers form no cycle; and 
 import each other, however indirectly.
 
 Layers, top to bottom: fronts; run; report; impls; check, verdict; checkpoint, model; base
-(`harness.errors`, `harness.results`, `harness.axes`).  What each may import is `ALLOWED`.
+(`harness.errors`, `harness.results`, `harness.axes`, `harness.rank_context`).  What each may import is `ALLOWED`.
 Imports inside functions count (a cycle dodged by a late import is still a cycle);
 imports under ``if TYPE_CHECKING:`` do not (they never run).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "harness"
-BASE = {"harness", "harness.errors", "harness.results", "harness.axes"}
+BASE = {"harness", "harness.errors", "harness.results", "harness.axes", "harness.rank_context"}
 # Front doors at the top: ``python -m harness`` and the path factories import ModelCase from.
 DOORS = {"harness.__main__", "harness.module_mode"}
 ALLOWED = {

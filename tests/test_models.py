@@ -186,7 +186,8 @@ def test_a_context_the_recompute_does_not_replay_depends_on_what_this_machine_pi
     ("torch-sac-titan", "nonreentrant-tracked-eager-(rand+(native_dropout))-none-cpu"),
     ("neg-id-pool", "nonreentrant-default-eager-(native_dropout)&(native_dropout)-none-cpu"),
     ("neg-id-pool", "nonreentrant-default-eager-(native_dropout)&closure(native_dropout)-none-cpu"),
-    ("neg-id-pool", "reentrant-default-eager-(native_dropout+native_dropout&(native_dropout))+(native_dropout)-none-cpu"),
+    ("neg-id-pool", "reentrant-default-eager-(native_dropout+native_dropout&(native_dropout))+(native_dropout)"
+                    "-none-cpu"),
     ("neg-id-pool", "nonreentrant-default-eager-(native_dropout+native_dropout&(native_dropout+(native_dropout)"
                     "+native_dropout))+(native_dropout)+(native_dropout)-none-cpu"),
 ])

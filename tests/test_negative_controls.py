@@ -43,6 +43,9 @@ EXPECTED: dict[str, Expected] = {
     "neg-no-restore": lambda case: (
         mismatch("forward-mask", "gradient", "live-stream", "output")
         if case.interleave is Interleave.DRAWS or case.nesting is not Nesting.FLAT else None),
+    # One process is rank 0 of 1, where these are `bundled` (their bugs need ranks: tests/test_ranks.py).
+    "neg-rank0-snapshot": lambda case: None,
+    "neg-rank-reseed": lambda case: None,
     # Its bug (capture-relative host values) needs separate CUDA graphs; eagerly it is `bundled`.
     "neg-host-values": lambda case: None,
     # The controls that prove the other oracles and the reference check can fail:
@@ -92,6 +95,8 @@ CAPTURE_ONLY = ("neg-host-values", "neg-leak-stream")  # and CUDA only: a leaked
 # Controls whose bug needs a program beyond the first matrix's (three regions pending at once);
 # tests/test_programs.py shows where they are caught.
 PROGRAM_ONLY = ("neg-two-slots", "neg-id-pool", "neg-stale-third-step")
+# Controls whose bug needs several ranks (`--ranks 2`): tests/test_ranks.py shows where they are caught.
+RANKS_ONLY = ("neg-rank0-snapshot", "neg-rank-reseed")
 TRACKER_BLIND = ("torch", "neg-ignore-tracker")  # save only the device default generators
 NEVER_REWOUND = ("neg-live-handles", "neg-no-rewind")  # recompute draws at a later offset
 
@@ -249,13 +254,13 @@ def test_every_negative_control_has_expectations():
 
 def test_every_eager_negative_control_is_caught_somewhere():
     for name in impls.NEGATIVE_CONTROLS:
-        if name not in CAPTURE_ONLY + PROGRAM_ONLY:
+        if name not in CAPTURE_ONLY + PROGRAM_ONLY + RANKS_ONLY:
             caught = [r for r in results(name).values() if r.outcome is not Outcome.PASS]
             assert caught, f"{name} passes every case: the harness cannot see its bug"
 
 
 def test_capture_only_controls_are_shipped_controls():
-    assert set(CAPTURE_ONLY + PROGRAM_ONLY) <= set(impls.NEGATIVE_CONTROLS)
+    assert set(CAPTURE_ONLY + PROGRAM_ONLY + RANKS_ONLY) <= set(impls.NEGATIVE_CONTROLS)
 
 
 def test_expectations_name_only_shipped_impls():

@@ -39,12 +39,14 @@ from ..run.execution import (
     adapter_version,
     check_selection,
     cuda_visible,
+    judged_record,
     load_targets,
     proved_nothing,
     resolve_devices,
     run_case,
 )
 from ..run.pool import CasePool
+from ..run.ranks import run_ranked
 from ..verdict import expectations as expectations_mod
 from . import gpus, repro_script, timeline
 
@@ -171,6 +173,10 @@ def _parser() -> argparse.ArgumentParser:
                               f"the GPU's memory, at most {gpus.MAX_WORKERS_PER_GPU}; printed)")
     p_run.add_argument("--case-timeout", type=float, default=isolation.DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"per-case time limit in seconds when isolated (default {isolation.DEFAULT_TIMEOUT_S:g})")
+    p_run.add_argument("--ranks", type=int, default=1, metavar="N",
+                       help="run each case in N processes forming one tensor-parallel group (torch.distributed's "
+                            "launcher, gloo), tracker streams seeded per TP rank as Megatron does; a case's verdict "
+                            "is every rank's oracles plus the cross-rank one (rank-streams).  Default 1")
     p_run.add_argument("--require-cuda", action="store_true",
                        help="exit 2 when no CUDA device is visible instead of running the CPU subset "
                             "(also: HARNESS_REQUIRE_CUDA=1; for GPU CI jobs)")
@@ -364,6 +370,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     shard = shards.parse_shard(args.shard) if args.shard else None
     if not math.isfinite(args.case_timeout) or args.case_timeout <= 0:
         raise UsageError(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
+    if args.ranks < 1:
+        raise UsageError(f"--ranks must be 1 or more, got {args.ranks}")
     report_dir = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
     reporting.check_report_dir(report_dir, replace=args.replace_report)
     work = [(t, c) for t in targets for c in cases if shards.in_shard(t.name, c.id, shard)]
@@ -389,10 +397,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             progress.update(record)  # counted also when its write failed: the report keeps it
 
-    pool = CasePool(slots, args.case_timeout) if args.isolate else None
+    pool = CasePool(slots, args.case_timeout) if args.isolate and args.ranks == 1 else None
     try:
         with stops.stoppable():
-            if pool is not None:
+            if args.ranks > 1:  # each case in N processes, one launch per impl (harness.run.ranks)
+                for target in targets:
+                    mine = [index for index, (t, _) in enumerate(work) if t is target]
+                    for position, result in run_ranked(target.name, [work[i][1] for i in mine], args.ranks,
+                                                       args.case_timeout):
+                        result.impl_version = adapter_version(target.adapter)
+                        keep(mine[position], f"ranks{args.ranks}", judged_record(result, target, entries))
+            elif pool is not None:
                 pool.run(work, entries, lambda index, number, done: keep(index, f"w{number}", done.record))
             else:
                 for index, (target, case) in enumerate(work):

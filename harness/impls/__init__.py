@@ -39,6 +39,8 @@ BUILTIN: dict[str, str] = {
     "neg-leak-stream": "harness.impls.negative:make_leak_stream",
     "neg-id-pool": "harness.impls.negative:make_id_pool",
     "neg-stale-third-step": "harness.impls.negative:make_stale_third_step",
+    "neg-rank0-snapshot": "harness.impls.negative:make_rank0_snapshot",
+    "neg-rank-reseed": "harness.impls.negative:make_rank_reseed",
     # External implementations: they load whether or not the package is installed, and declare
     # every case unsupported (with the import error) when it does not import.
     "megatron": "harness.impls.megatron:make_megatron",

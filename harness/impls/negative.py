@@ -140,6 +140,89 @@ def make_two_slots() -> Adapter:
                     "keeps snapshots in two slots: wrong once three regions have recomputes pending")
 
 
+# --- controls only ranks can catch (issue 41: `--ranks N`; in one process, rank 0, each is bundled) --
+
+
+def _group_world() -> int:
+    """The size of the process group this process belongs to (1 without one)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _from_rank_zero(values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Rank 0's `values` on every rank of the group (a collective: every rank calls it alike)."""
+    import torch.distributed as dist
+
+    box: list[Any] = [[value.cpu() for value in values]]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class RankZeroSnapshotPolicy(ValuePolicy):
+    """Bug: every rank takes its snapshot from rank 0 (one snapshot broadcast to the group, as a
+    checkpoint that saves RNG state once for all ranks would).  The streams every rank seeds
+    alike hold the same values anyway; a stream seeded per TP rank is rewound to rank 0's state
+    on every other rank, so their recompute draws rank 0's numbers."""
+
+    def snapshot(self, tracker: Any) -> StateValues:
+        taken = super().snapshot(tracker)
+        if _group_world() == 1:
+            return taken
+        values = _from_rank_zero([value for _, value in taken.entries])
+        return StateValues([(gen, value) for (gen, _), value in zip(taken.entries, values)])
+
+
+class RankReseedPolicy(ValuePolicy):
+    """Bug: at the recompute, re-derives each tracker stream seeded per TP rank from the seed
+    every rank shares (the stream's seed without its TP-rank offset, as code that reseeds from
+    the model's seed would), at the right position: the recompute of every rank draws what TP
+    rank 0 drew.  A CUDA generator's state is (seed, Philox offset), so the stream is rebuilt
+    locally; a CPU generator's state has no offset, so there rank 0's snapshot of the stream,
+    the same numbers, stands in (a broadcast at every snapshot)."""
+
+    def _per_rank(self, tracker: Any) -> list[torch.Generator]:
+        from ..rank_context import PER_TP_RANK
+
+        names = tracker.names() if tracker is not None and hasattr(tracker, "names") else []
+        return [tracker.generator(name) for name in names if name in PER_TP_RANK]
+
+    def snapshot(self, tracker: Any) -> Any:
+        taken = super().snapshot(tracker)
+        shared: list[tuple[torch.Generator, torch.Tensor]] = []
+        if _group_world() > 1:
+            streams = [gen for gen in self._per_rank(tracker) if gen.device.type == "cpu"]
+            values = _from_rank_zero([gen.get_state() for gen in streams]) if streams else []
+            shared = list(zip(streams, values))
+        cuda = [gen for gen in self._per_rank(tracker) if gen.device.type == "cuda"] if _group_world() > 1 else []
+        return taken, shared, cuda
+
+    def rewind(self, snapshot: Any) -> Any:
+        from ..rank_context import current
+
+        taken, shared, cuda = snapshot
+        before = super().rewind(taken)
+        for gen, value in shared:
+            gen.set_state(value)
+        if cuda and torch.cuda.is_current_stream_capturing():
+            cuda = []  # get_offset raises during capture: eager only, under capture it is a control of values
+        for gen in cuda:
+            offset = gen.get_offset()
+            gen.manual_seed(gen.initial_seed() - current().tp_rank)
+            gen.set_offset(offset)
+        return before
+
+
+def make_rank0_snapshot() -> Adapter:
+    return _control("neg-rank0-snapshot", RankZeroSnapshotPolicy(),
+                    "restores every rank from rank 0's snapshot (only ranks show it)")
+
+
+def make_rank_reseed() -> Adapter:
+    return _control("neg-rank-reseed", RankReseedPolicy(),
+                    "reseeds the per-TP-rank streams alike on every rank at the recompute (only ranks show it)")
+
+
 # --- controls that prove the other oracles and the reference check can fail ----------------------
 
 

@@ -165,7 +165,8 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
     record = result.record()
     record.impl = target.name
     machine = Machine()
-    entry = expectations_mod.find(entries, target.name, result.case, version=record.impl_version, machine=machine)
+    entry = expectations_mod.find(entries, target.name, result.case, version=record.impl_version, machine=machine,
+                                  ranks=result.ranks)  # a run of several ranks: the entries for that many
     if machine.asked:  # what the models asked of this torch: an audit elsewhere replays the same answers
         record.extra["machine_facts"] = dict(machine.asked)
     judgement = expectations_mod.judge(

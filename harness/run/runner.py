@@ -47,6 +47,12 @@ class CaseResult:
     iterations: int = ITERATIONS
     timelines: dict[str, list] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # setup / reference / checkpointed / compare
+    # With `run(keep_masks=True)`: each run's RNG outputs ("reference", "checkpointed": MaskLog),
+    # for the cross-rank oracle; not part of the record.
+    masks: dict[str, Any] = field(default_factory=dict, repr=False)
+    # A run of several ranks (`harness.run.ranks`): how many, and per rank what differed.
+    ranks: int = 1
+    per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def case_id(self) -> str:
@@ -62,10 +68,13 @@ class CaseResult:
 
     def record(self) -> CaseRecord:
         """The result as a results.jsonl record, not yet judged (`execution.judged_record` judges it)."""
-        return CaseRecord(
+        record = CaseRecord(
             self.case.id, self.impl, self.outcome, impl_version=self.impl_version, axes=self.case.axis_values(),
             reason=self.reason, error=self.error, traceback=self.traceback, mismatches=list(self.mismatches),
             duration_s=self.duration_s, timings=dict(self.timings), iterations=self.iterations)
+        if self.ranks > 1:
+            record.extra.update(ranks=self.ranks, per_rank=list(self.per_rank))
+        return record
 
     def to_dict(self) -> dict[str, Any]:
         """`record()` in its JSON form (what an isolated worker sends back)."""
@@ -333,7 +342,7 @@ def raised_by_impl(exc: BaseException) -> bool:
 
 
 def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = False,
-        name: str | None = None) -> CaseResult:
+        name: str | None = None, keep_masks: bool = False) -> CaseResult:
     """Run `case` under `impl` against a non-checkpointed reference; never raises for impl faults.
 
     The reference and the checkpointed run start from identical RNG states and use the impl's own
@@ -347,7 +356,8 @@ def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = F
     anything (SystemExit included; KeyboardInterrupt excepted) gives an `error` result; an error
     the impl's code took no part in (`raised_by_impl`) says so (`OUTSIDE_IMPL`), and no
     expectation excuses it.
-    `iterations` defaults to the program's (2 for named programs).
+    `iterations` defaults to the program's (2 for named programs).  `keep_masks`: keep both runs'
+    RNG outputs in ``result.masks`` (eager and captured runs; not compiled ones).
     """
     start = time.perf_counter()
     iterations = iterations or case.program.iterations
@@ -374,7 +384,7 @@ def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = F
             # error that follows, so the warning, once per case, is noise here.  Module mode lets
             # it through: there it explains an error in the user's own model.
             warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
-            _run_both(case, impl, name, iterations, timeline, result)
+            _run_both(case, impl, name, iterations, timeline, result, keep_masks)
     except NoTracker as exc:
         result.outcome, result.reason = Outcome.UNSUPPORTED, str(exc)
     except NotReproducible as exc:
@@ -417,7 +427,8 @@ def require_reproducible(case: Case, first: RunRecord, second: RunRecord, output
             "accumulates in a run-to-run order on this GPU, so no oracle can judge this case")
 
 
-def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool, result: CaseResult) -> None:
+def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool, result: CaseResult,
+              keep_masks: bool = False) -> None:
     """The reference run, its check, the checkpointed run and the oracles, into `result`: eagerly
     (`_run_eager`) or, for an impl that declares ``compiled``, the whole program under
     torch.compile (`compiled.run_compiled`); one door either way, one result."""
@@ -426,12 +437,12 @@ def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool,
         with _impl_ran():  # the impl compiles the reference too
             result.mismatches = run_compiled(case, impl, name, iterations, checkpoint_with)
     else:
-        result.mismatches = _run_eager(case, impl, name, iterations, timeline, result, checkpoint_with)
+        result.mismatches = _run_eager(case, impl, name, iterations, timeline, result, checkpoint_with, keep_masks)
     result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
 
 
 def _run_eager(case: Case, impl: Any, name: str, iterations: int, timeline: bool, result: CaseResult,
-               checkpoint_with: Callable[[Any], CheckpointFn]) -> list[Mismatch]:
+               checkpoint_with: Callable[[Any], CheckpointFn], keep_masks: bool = False) -> list[Mismatch]:
     """The mismatches of `case` run eagerly (or captured in CUDA graphs) under `impl`; its laps
     go into ``result.timings`` and, with `timeline`, its stream timelines into ``result.timelines``."""
     device = torch.device(case.device.value)
@@ -461,4 +472,6 @@ def _run_eager(case: Case, impl: Any, name: str, iterations: int, timeline: bool
         mismatches = check(reference, checkpointed, workload.checkpointed_sites(), iterations,
                            workload.output_names(), drawing=workload.drawing_sites())
     clock.lap("compare")
+    if keep_masks:
+        result.masks = {"reference": reference.log, "checkpointed": checkpointed.log}
     return mismatches

@@ -26,6 +26,7 @@ from ..checkpoint.generators import default_generator
 from ..model import ops
 from ..model.cases import Case, Interleave, Layout, Passing
 from ..model.programs import TORCH_DTYPES, Dtype, Item, Region, Site, reading_groups
+from ..rank_context import stream_seed
 from .streams import state_value
 
 GLOBAL_SEED = 1234  # torch.manual_seed for CPU and every CUDA device
@@ -74,17 +75,18 @@ def seed_all() -> None:
 
 
 def make_tracker_streams(tracker: Any, layout: Layout) -> None:
-    """Add the streams a layout uses to a fresh tracker (deterministic seeds): the tracked stream,
+    """Add the streams a layout uses to a fresh tracker (deterministic seeds, per TP rank where
+    Megatron's are: `rank_context.stream_seed`): the tracked stream,
     in the tracked and mixed layouts Megatron's other stream names too (`OTHER_TRACKED_STREAMS`),
     and in the shared layout (the only one whose sites may draw from them) the shared pair."""
     if tracker is None:
         return
-    tracker.add(TRACKED_STREAM, STREAM_SEEDS[TRACKED_STREAM])
+    tracker.add(TRACKED_STREAM, stream_seed(TRACKED_STREAM, STREAM_SEEDS[TRACKED_STREAM]))
     if layout in (Layout.TRACKED, Layout.MIXED):
         for name in OTHER_TRACKED_STREAMS:
-            tracker.add(name, STREAM_SEEDS[name])
+            tracker.add(name, stream_seed(name, STREAM_SEEDS[name]))
     if layout is Layout.SHARED:
-        tracker.add(SHARED_STREAMS[0], STREAM_SEEDS[SHARED_STREAMS[0]])
+        tracker.add(SHARED_STREAMS[0], stream_seed(SHARED_STREAMS[0], STREAM_SEEDS[SHARED_STREAMS[0]]))
         tracker.add_alias(SHARED_STREAMS[1], SHARED_STREAMS[0])
 
 

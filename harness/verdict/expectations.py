@@ -79,7 +79,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "cases" / "expectations.toml"
 OUTCOMES = ("pass", *FAILED_OUTCOMES)  # what an entry may expect
 ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "torch", "outcome", "oracles", "message", "name",
-              "unless", "model", *FACT_KEYS}
+              "unless", "model", "ranks", *FACT_KEYS}
 MODEL_DECIDES = ("outcome", "oracles", "message")  # what a model entry may not say: its model says it
 
 
@@ -140,6 +140,7 @@ class Expectation:
     # (outcomes, oracles and message above are that prediction) and the other entries it composes.
     prediction: "Prediction | None" = None
     also: tuple[str, ...] = ()
+    ranks: int = 1  # the fewest ranks a run needs for the entry to apply (`--ranks N`; 1: any run)
 
     @property
     def outcome(self) -> str:
@@ -314,6 +315,10 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
     name = raw.get("name", "")
     if not isinstance(name, str):
         raise ExpectationError(f"{where} name must be a string")
+    ranks = raw.get("ranks", 1)
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise ExpectationError(f"{where} ranks must be a positive integer (the fewest ranks a run needs), "
+                               f"not {ranks!r}")
     patterns = _string_list(raw["cases"], "cases", where) if "cases" in raw else ()
     unless_raw = raw.get("unless", [])
     unless_raw = unless_raw if isinstance(unless_raw, list) else [unless_raw]
@@ -325,7 +330,7 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
         unless.append(tuple(check_facts(table, f"{where} unless", ExpectationError).items()))
     return Expectation(
         raw["impl"], patterns, raw["reason"], raw.get("issue", ""), versions, outcomes, oracles, message,
-        tuple(facts.items()), tuple(unless), name, number, torch_range, model,
+        tuple(facts.items()), tuple(unless), name, number, torch_range, model, ranks=ranks,
     )
 
 
@@ -357,7 +362,7 @@ def _entries(raw: Any, where: str, number: int = 0) -> list[Expectation]:
 
 def find(
     entries: Iterable[Expectation], impl: str, case: Any, version: "str | None" = None,
-    torch_version: "str | None" = None, machine: "Machine | None" = None,
+    torch_version: "str | None" = None, machine: "Machine | None" = None, ranks: int = 1,
 ) -> Expectation | None:
     """The first entry expecting `impl` (at `version`) to fail `case` (a `Case` or a case id),
     or None.
@@ -370,9 +375,10 @@ def find(
     it, composed (`models.predict`), predict a failure: the entry returned is the one whose
     behaviour decides it, carrying that prediction as its expected failure.  Where they predict
     a pass the entries after them are still asked.  `machine`: what the installed torch does,
-    for the models (default: asked here).
+    for the models (default: asked here).  `ranks`: how many ranks the run had (an entry with
+    ``ranks = N`` applies only to runs of N ranks or more).
     """
-    entries = list(entries)
+    entries = [entry for entry in entries if entry.ranks <= ranks]
     models_asked = False
     for entry in entries:
         if not (entry.matches(impl, case) and entry.applies_to(version, torch_version)):
