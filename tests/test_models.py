@@ -188,6 +188,9 @@ def test_a_context_the_recompute_does_not_replay_depends_on_what_this_machine_pi
     ("neg-id-pool", "nonreentrant-default-eager-(native_dropout)&closure(native_dropout)-none-cpu"),
     ("neg-id-pool", "reentrant-default-eager-(native_dropout+native_dropout&(native_dropout))+(native_dropout)"
                     "-none-cpu"),
+    # reentrant: the outer recompute calls r2 and r3 again with one new tensor, and they collide again
+    ("neg-id-pool", "reentrant-mixed-eager-f16.odd.x3:autocast(autocast(dict(randperm.bf16)&keyword(bernoulli_@t"
+                    "+randn_like.f32))+randperm.f32@t)+keyword(native_dropout&native_dropout)-draws-cpu"),
     ("neg-id-pool", "nonreentrant-default-eager-(native_dropout+native_dropout&(native_dropout+(native_dropout)"
                     "+native_dropout))+(native_dropout)+(native_dropout)-none-cpu"),
 ])

@@ -34,7 +34,7 @@ class Frame:
     state: Any
     slot: "int | None" = None
     ordinal: "int | None" = None
-    key: "int | None" = None  # `input-keyed-snapshots`: the input tensor its snapshot is kept under
+    key: Any = None  # `input-keyed-snapshots`: (recompute pass or 0, the input tensor) its snapshot is kept under
 
 
 def _stream_key(code: str, device: str) -> str:
@@ -191,8 +191,8 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
     slots: list[State] = [State(tuple)] * (effects.slots[0] if effects.slots else 0)
     pending: list[int] = []  # slots in use, oldest first
     by_ordinal: dict[int, State] = {}  # `snapshots-frozen`: the state kept per region call of a step
-    by_input: dict[int, State] = {}  # `input-keyed-snapshots`: the state kept per input tensor
-    step = {"number": 0, "ordinal": 0, "recomputing": 0}
+    by_input: dict[Any, State] = {}  # `input-keyed-snapshots`: the state kept per input tensor
+    step = {"number": 0, "ordinal": 0, "recomputing": 0, "pass": 0}
 
     def enter(snapshots: dict[int, Frame], region: Region) -> None:
         """A checkpoint call: its extra draws, then its snapshot (and where it keeps it)."""
@@ -206,9 +206,10 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             frame.slot = free[0] if free else pending.pop(0)  # no free slot: the oldest is overwritten
             slots[frame.slot] = frame.state
             pending.append(frame.slot)
-        if effects.input_keys and not step["recomputing"] and id(region) in effects.input_keys[0]:
-            # (a recompute calls inner regions with new tensors: keys of their own)
-            frame.key = effects.input_keys[0][id(region)]
+        if effects.input_keys and id(region) in effects.input_keys[0]:
+            # a recompute calls its inner regions with new tensors: keys of that pass, which
+            # siblings reading one tensor share all the same
+            frame.key = (step["pass"] if step["recomputing"] else 0, effects.input_keys[0][id(region)])
             by_input[frame.key] = frame.state
         if effects.frozen and not step["recomputing"]:
             frame.ordinal = step["ordinal"]
@@ -352,6 +353,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
 
             if not early or stop_at is not None:
                 step["recomputing"] += 1
+                step["pass"] += 1
                 rerun(region.items)
                 step["recomputing"] -= 1
             for stream in keys:
