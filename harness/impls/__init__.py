@@ -62,6 +62,7 @@ BUILTIN: dict[str, str] = {
     # What frameworks choose for their users (issue 39): accelerate's FSDP2 activation checkpointing.
     "accelerate-fsdp2": "harness.impls.accelerate:make_fsdp2",
     "accelerate-fsdp2-offload": "harness.impls.accelerate:make_fsdp2_offload",
+    "torchtune-ac": "harness.impls.torchtune:make_torchtune",
     # torch_remat (issue 38): no hook, its README's hook, the harness's hook.
     "remat": "harness.impls.remat:make_remat",
     "remat-readme-hook": "harness.impls.remat:make_readme_hook",
