@@ -41,9 +41,10 @@ def gpu(session: nox.Session) -> None:
     session.run(PYTHON, "-m", "pytest", "cases", "--device", "cuda", "-n", "auto", "--isolate",
                 *impl_args, *args)
     # The rank slice (issue 41): two ranks sharing the GPU (gloo), the correct checkpoints and the
-    # controls only ranks catch, over the first matrix's programs, eager and in one graph.
+    # controls only ranks catch, over two of the first matrix's programs, eager and in one graph
+    # (two ranks on one H200: about 2.3 cases/s with capture).
     session.run(PYTHON, "-m", "harness", "run", "--ranks", "2", "--device", "cuda",
-                "--impl", "bundled,torch,neg-rank0-snapshot,neg-rank-reseed", "--program", "flat,nested,siblings",
+                "--impl", "bundled,torch,neg-rank0-snapshot,neg-rank-reseed", "--program", "flat,nested",
                 "--capture", "eager,single", "--report-dir", "reports/gpu-ranks", "--replace-report", "-q")
 
 

@@ -5,7 +5,7 @@ Seeds follow Megatron-core's ``model_parallel_cuda_manual_seed`` with the tensor
 the whole world (TP = N): the default generators and the data-parallel stream get one seed on
 every rank (activations every rank replicates draw the same masks); the tensor-model-parallel
 stream (``model-parallel-rng``), the expert-parallel and the model-and-context-parallel streams
-add the TP rank (the shards each rank holds draw different masks).  The context-parallel stream
+add the TP rank, times `TP_SEED_STRIDE` (the shards each rank holds draw different masks).  The context-parallel stream
 is seeded by the context-parallel rank, 0 everywhere here (no context parallelism).
 """
 
@@ -47,6 +47,13 @@ def enter(rank: int, world: int) -> RankContext:
     return _current
 
 
+# Megatron adds the TP rank itself to the seed; the harness's streams have neighbouring seeds
+# (2718 for the tracked stream, 2719 on for the others), and Megatron's and DeepSpeed's trackers
+# refuse a seed twice ("seed 2719 already exists", seen on the H200 at rank 1), so the offset here
+# is a stride of the TP rank that no rank's seed can meet another stream's with.
+TP_SEED_STRIDE = 1000
+
+
 def stream_seed(name: str, base: int) -> int:
     """The seed a tracker stream named `name` gets on this rank, from its one-process seed."""
-    return base + current().tp_rank if name in PER_TP_RANK else base
+    return base + TP_SEED_STRIDE * current().tp_rank if name in PER_TP_RANK else base

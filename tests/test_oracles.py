@@ -157,7 +157,8 @@ SINGLE_ORACLES = {
 
 
 def test_every_oracle_is_covered():
-    assert set(SINGLE_ORACLES) == set(ORACLES)
+    # rank-streams compares the ranks of a group, not a pair of runs: tests/test_ranks.py covers it
+    assert set(SINGLE_ORACLES) == set(ORACLES) - {"rank-streams"}
 
 
 @pytest.mark.parametrize("oracle", list(SINGLE_ORACLES))

@@ -198,7 +198,7 @@ class RankReseedPolicy(ValuePolicy):
         return taken, shared, cuda
 
     def rewind(self, snapshot: Any) -> Any:
-        from ..rank_context import current
+        from ..rank_context import TP_SEED_STRIDE, current
 
         taken, shared, cuda = snapshot
         before = super().rewind(taken)
@@ -208,7 +208,7 @@ class RankReseedPolicy(ValuePolicy):
             cuda = []  # get_offset raises during capture: eager only, under capture it is a control of values
         for gen in cuda:
             offset = gen.get_offset()
-            gen.manual_seed(gen.initial_seed() - current().tp_rank)
+            gen.manual_seed(gen.initial_seed() - TP_SEED_STRIDE * current().tp_rank)
             gen.set_offset(offset)
         return before
 
