@@ -284,25 +284,30 @@ def _input_tensors(program: Any) -> dict[int, int]:
     out: dict[int, int] = {}
     fresh = iter(range(1, 1 << 30))
 
-    def walk(items: Sequence[Any], tensor: int) -> int:
-        for first, *parallel in reading_groups(tuple(items)):
-            base = tensor
-            tensor = step(first, base)
-            for item in parallel:
-                step(item, base)
-                tensor = next(fresh)  # the sum
-        return tensor
-
     def step(item: Any, tensor: int) -> int:
         if isinstance(item, Region):
             if item.passing is not Passing.CLOSURE:
                 out[id(item)] = tensor
             body = next(fresh) if item.passing in (Passing.AUTOCAST, Passing.TWICE) else tensor
-            walk(item.items, body)
+            _read_along(item.items, body, step, lambda _: next(fresh))
         return next(fresh)  # a site's output; a region's (its last item's, cast back: a new tensor)
 
-    walk(program.items(), 0)
+    _read_along(program.items(), 0, step, lambda _: next(fresh))  # a parallel group's output: the sum
     return out
+
+
+def _read_along(items: Sequence[Any], value: Any, step: Any, joined: Any = None) -> Any:
+    """Walk `items` as the workload reads them (`reading_groups`): each item of a group gets the
+    group's input `value` from ``step(item, value)``, the group's output is its first item's
+    (``joined(that)`` where parallel items add theirs), and the next group reads it."""
+    for first, *parallel in reading_groups(tuple(items)):
+        base = value
+        value = step(first, base)
+        for item in parallel:
+            step(item, base)
+        if parallel and joined is not None:
+            value = joined(value)
+    return value
 
 
 def _seeded(site: Site, pinned: dict[str, Op], case: Case, machine: Machine) -> bool:
@@ -341,19 +346,11 @@ def _entering_dtypes(program: Any) -> dict[int, Dtype]:
     def step(item: Any, dtype: Dtype) -> Dtype:
         if isinstance(item, Region):
             out[id(item)] = dtype
-            walk(item.items, dtype)
+            _read_along(item.items, dtype, step)
             return dtype
         return item.dtype
 
-    def walk(items: Sequence[Any], dtype: Dtype) -> Dtype:
-        for first, *parallel in reading_groups(tuple(items)):
-            base = dtype
-            dtype = step(first, base)
-            for item in parallel:
-                step(item, base)
-        return dtype
-
-    walk(program.items(), program.dtype)
+    _read_along(program.items(), program.dtype, step)
     return out
 
 
