@@ -91,7 +91,9 @@ def test_a_rank_that_dies_is_that_cases_crash_and_the_next_cases_still_run(fault
     results = ranked("faulty_adapters:make_rank_one_dies", cases)
     outcomes = [results[c.id].outcome.value for c in cases]
     assert outcomes == ["pass", "crash", "pass"], [results[c.id].summary() for c in cases]
-    assert "a rank died while running it" in results[cases[1].id].error
+    crash = results[cases[1].id]
+    assert "rank 1 (exit code 7) died while running it" in crash.error, crash.error
+    assert [(p["rank"], p["outcome"]) for p in crash.per_rank] == [(0, "stopped"), (1, "crash")], crash.per_rank
 
 
 def test_a_rank_that_hangs_is_that_cases_timeout_and_nothing_is_left_running(faulty_on_path):

@@ -100,10 +100,41 @@ def combine(case: Case, impl: str, lines: Sequence[dict[str, Any]]) -> CaseResul
     return result
 
 
-def _failed(case: Case, impl: str, ranks: int, outcome: Outcome, error: str) -> CaseResult:
+def _failed(case: Case, impl: str, ranks: int, outcome: Outcome, error: str,
+            exits: "dict[int, int] | None" = None) -> CaseResult:
+    """A case no rank finished; `exits`: each rank's exit code where the launcher reported it (a
+    rank the launcher stopped after another died shows SIGTERM: -15)."""
     result = CaseResult(case, impl, outcome, error=error, ranks=ranks)
-    result.per_rank = [{"rank": n, "outcome": outcome.value} for n in range(ranks)]
+    result.per_rank = []
+    for n in range(ranks):
+        code = (exits or {}).get(n)
+        entry: dict[str, Any] = {"rank": n, "outcome": outcome.value}
+        if code is not None:
+            entry.update(exit=code, outcome="stopped" if code == -signal.SIGTERM else outcome.value)
+        result.per_rank.append(entry)
     return result
+
+
+def _exits(log: Path) -> dict[int, int]:
+    """Rank -> exit code, from the launcher's failure summary ("rank : 1 (local_rank: 1)" then
+    "exitcode : 7")."""
+    out: dict[int, int] = {}
+    rank = None
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        words = line.replace(":", " ").split()
+        if len(words) >= 2 and words[0] == "rank" and words[1].isdigit():
+            rank = int(words[1])
+        elif len(words) >= 2 and words[0] == "exitcode" and rank is not None:
+            try:
+                out[rank] = int(words[1])
+            except ValueError:
+                pass
+            rank = None
+    return out
 
 
 def _tail(path: Path, lines: int = 6) -> str:
@@ -167,8 +198,12 @@ def _launch(impl: str, cases: Sequence[Case], position: int, ranks: int, case_ti
                     if all(current in per for per in _rank_lines(folder, ranks)):
                         continue
                     where = "while running it" if current in _started(folder, ranks) else "before it started"
+                    exits = _exits(log)
+                    dead = [f"rank {n} (exit code {c})" for n, c in sorted(exits.items()) if c != -signal.SIGTERM]
+                    who = f"{', '.join(dead)} died" if dead else "a rank died"
                     yield current, _failed(cases[current], impl, ranks, Outcome.CRASH,
-                                           f"a rank died {where} (launcher exit {code}): {_tail(log)}")
+                                           f"{who} {where}; the launcher stopped the others (launcher exit {code}): "
+                                           f"{_tail(log)}", exits)
                     return current + 1
                 limit = case_timeout if started == current else max(case_timeout, STARTUP_S)
                 if time.monotonic() - since > limit:
