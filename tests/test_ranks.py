@@ -117,3 +117,16 @@ def test_run_ranks_writes_records_that_say_the_rank_count(tmp_path):
     record = json.loads((out / "results.jsonl").read_text().splitlines()[0])
     assert record["ranks"] == 2 and record["verdict"] == "xfail" and record["expected_entry"] == "rank0-snapshot"
     assert record["per_rank"][1]["oracles"] == ["gradient", "recompute-mask"]
+
+
+def test_pytest_ranks_runs_each_case_on_that_many_ranks(tmp_path):
+    # the plugin's --ranks: the control is an xfail by its ranks = 2 entry, bundled passes
+    done = subprocess.run([sys.executable, "-m", "pytest", "cases", "-q", "-p", "no:cacheprovider", "--impl",
+                           "neg-rank0-snapshot,bundled", "--device", "cpu", "--program", "flat", "-k",
+                           "nonreentrant-tracked-eager-flat-none", "--ranks", "2", "--report-dir", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "1 passed" in done.stdout and "1 xfailed" in done.stdout, done.stdout[-1000:]
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {(r["impl"], r["verdict"], r["ranks"]) for r in lines} == {("neg-rank0-snapshot", "xfail", 2),
+                                                                      ("bundled", "pass", 2)}

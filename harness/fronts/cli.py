@@ -39,14 +39,13 @@ from ..run.execution import (
     adapter_version,
     check_selection,
     cuda_visible,
-    judged_record,
     load_targets,
     proved_nothing,
     resolve_devices,
     run_case,
+    run_cases_ranked,
 )
 from ..run.pool import CasePool
-from ..run.ranks import run_ranked
 from ..verdict import expectations as expectations_mod
 from . import gpus, repro_script, timeline
 
@@ -403,10 +402,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.ranks > 1:  # each case in N processes, one launch per impl (harness.run.ranks)
                 for target in targets:
                     mine = [index for index, (t, _) in enumerate(work) if t is target]
-                    for position, result in run_ranked(target.name, [work[i][1] for i in mine], args.ranks,
-                                                       args.case_timeout):
-                        result.impl_version = adapter_version(target.adapter)
-                        keep(mine[position], f"ranks{args.ranks}", judged_record(result, target, entries))
+                    for position, done in run_cases_ranked(target, [work[i][1] for i in mine], entries, args.ranks,
+                                                           args.case_timeout):
+                        keep(mine[position], f"ranks{args.ranks}", done.record)
             elif pool is not None:
                 pool.run(work, entries, lambda index, number, done: keep(index, f"w{number}", done.record))
             else:

@@ -45,6 +45,7 @@ from ..run.execution import (
     proved_nothing,
     resolve_devices,
     run_case,
+    run_cases_ranked,
 )
 from ..verdict import expectations as expectations_mod
 from . import gpus
@@ -98,6 +99,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="default: first matrix + covering programs; full: every valid program (large)")
     group.addoption("--program", action="append", default=[], metavar="NAME",
                     help="only these programs (repeatable or comma-separated), e.g. rand.bf16.odd.keyword.deep")
+    group.addoption("--ranks", type=int, default=1, metavar="N",
+                    help="run each case in N processes forming one tensor-parallel group (as `harness run "
+                         "--ranks N`: every rank's oracles plus rank-streams); each case starts its own N processes")
     group.addoption("--allow-unsupported", action="store_true", default=False,
                     help="run an impl named by --impl even when its package cannot load (every case unsupported)")
 
@@ -107,6 +111,8 @@ def _option_problem(config: pytest.Config) -> str | None:
     per_gpu = config.getoption("workers_per_gpu")
     if per_gpu is not None and per_gpu < 1:
         return f"--workers-per-gpu must be at least 1, got {per_gpu}"
+    if config.getoption("ranks") < 1:
+        return f"--ranks must be 1 or more, got {config.getoption('ranks')}"
     return None
 
 
@@ -214,8 +220,13 @@ def harness_run(request: pytest.FixtureRequest):
     def run_one(param: HarnessCase) -> None:
         config = request.config
         target: Target = config._harness_impls[param.impl]  # type: ignore[attr-defined]
-        done = run_case(target, param.case, config._harness_expectations,  # type: ignore[attr-defined]
-                        worker=_case_worker(config))
+        ranks = config.getoption("ranks")
+        if ranks > 1:  # one launch of `ranks` processes per case (seconds each: for a slice, not the matrix)
+            _, done = next(run_cases_ranked(target, [param.case], config._harness_expectations,  # type: ignore
+                                            ranks, config.getoption("case_timeout") or isolation.DEFAULT_TIMEOUT_S))
+        else:
+            done = run_case(target, param.case, config._harness_expectations,  # type: ignore[attr-defined]
+                            worker=_case_worker(config))
         record = done.record
         record.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         record.gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""

@@ -16,7 +16,7 @@ Nothing here imports pytest.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from .. import impls
 from ..errors import UsageError
@@ -24,6 +24,7 @@ from ..model.cases import Capture, Case, Device
 from ..results import SKIPPED_OUTCOMES, CaseRecord, Outcome, Verdict
 from ..verdict import expectations as expectations_mod
 from ..verdict.models import Machine
+from .ranks import run_ranked
 from .runner import OUTSIDE_IMPL, CaseResult, run
 from .stops import INTERRUPTED
 
@@ -203,6 +204,15 @@ def run_case(target: Target, case: Case, entries: Sequence[expectations_mod.Expe
         result = run(case, target.adapter, iterations, timeline=timeline, name=target.name)
     result.impl = target.name
     return CaseRun(result, judged_record(result, target, entries))
+
+
+def run_cases_ranked(target: Target, cases: Sequence[Case], entries: Sequence[expectations_mod.Expectation],
+                     ranks: int, case_timeout: float) -> Iterator[tuple[int, CaseRun]]:
+    """(position in `cases`, its judged run) for every case, each run by `target` on `ranks`
+    ranks (`ranks.run_ranked`: one launch for all of them); never raises for the impl's faults."""
+    for position, result in run_ranked(target.name, cases, ranks, case_timeout):
+        result.impl_version = adapter_version(target.adapter)
+        yield position, CaseRun(result, judged_record(result, target, entries))
 
 
 def proved_nothing(targets: Sequence[Target], records: Iterable[CaseRecord]) -> list[str]:
