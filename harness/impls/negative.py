@@ -189,12 +189,10 @@ class RankReseedPolicy(ValuePolicy):
 
     def snapshot(self, tracker: Any) -> Any:
         taken = super().snapshot(tracker)
-        shared: list[tuple[torch.Generator, torch.Tensor]] = []
-        if _group_world() > 1:
-            streams = [gen for gen in self._per_rank(tracker) if gen.device.type == "cpu"]
-            values = _from_rank_zero([gen.get_state() for gen in streams]) if streams else []
-            shared = list(zip(streams, values))
-        cuda = [gen for gen in self._per_rank(tracker) if gen.device.type == "cuda"] if _group_world() > 1 else []
+        streams = self._per_rank(tracker) if _group_world() > 1 else []
+        cpu = [gen for gen in streams if gen.device.type == "cpu"]
+        shared = list(zip(cpu, _from_rank_zero([gen.get_state() for gen in cpu]))) if cpu else []
+        cuda = [gen for gen in streams if gen.device.type == "cuda"]
         return taken, shared, cuda
 
     def rewind(self, snapshot: Any) -> Any:

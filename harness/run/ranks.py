@@ -7,7 +7,7 @@ processes that import torch costs seconds) and reads what the ranks append as th
 (`rank_worker`).  A case's result combines its ranks (`combine`): every rank's own oracles (each
 rank's checkpointed run against its own reference, mismatches marked with the rank) plus the
 cross-rank oracle ``rank-streams``.  A launch that dies is that case's crash, one that stops
-making progress for the case time limit its timeout: the launcher's whole process group is
+making progress for the case time limit its timeout: the launcher and every rank below it are
 killed (no rank is left running) and a new launch takes the cases after it.
 """
 
@@ -34,36 +34,24 @@ STARTUP_S = 120.0
 LAUNCHER = ("-m", "torch.distributed.run", "--standalone", "--max-restarts=0")
 
 
-def _rank_lines(folder: Path, ranks: int) -> list[dict[int, dict[str, Any]]]:
-    """Per rank: case index -> its result line (start lines only mark progress)."""
-    out: list[dict[int, dict[str, Any]]] = []
+def _progress(folder: Path, ranks: int) -> tuple[list[dict[int, dict[str, Any]]], set[int]]:
+    """What the ranks have written so far, one read of each file: per rank, case index -> its
+    result line; and the case indexes some rank has started."""
+    results: list[dict[int, dict[str, Any]]] = []
+    started: set[int] = set()
     for rank in range(ranks):
         found: dict[int, dict[str, Any]] = {}
         path = folder / f"rank{rank}.jsonl"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # a line still being written
-                if "result" in data:
-                    found[data["index"]] = data
-        out.append(found)
-    return out
-
-
-def _started(folder: Path, ranks: int) -> set[int]:
-    """The case indexes some rank has started."""
-    seen: set[int] = set()
-    for rank in range(ranks):
-        path = folder / f"rank{rank}.jsonl"
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    seen.add(json.loads(line)["index"])
-                except (json.JSONDecodeError, KeyError):
-                    break
-    return seen
+        for line in path.read_text().splitlines() if path.exists() else []:
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line still being written
+            started.add(data["index"])
+            if "result" in data:
+                found[data["index"]] = data
+        results.append(found)
+    return results, started
 
 
 def combine(case: Case, impl: str, lines: Sequence[dict[str, Any]]) -> CaseResult:
@@ -179,7 +167,7 @@ def _launch(impl: str, cases: Sequence[Case], position: int, ranks: int, case_ti
         since, started = time.monotonic(), -1  # the clock of the case in progress, which case it times
         try:
             while True:
-                lines = _rank_lines(folder, ranks)
+                lines, started_cases = _progress(folder, ranks)
                 for index in todo:
                     if index not in done and all(index in per for per in lines):
                         done.add(index)
@@ -190,14 +178,15 @@ def _launch(impl: str, cases: Sequence[Case], position: int, ranks: int, case_ti
                     process.wait()
                     return len(cases)
                 current = pending[0]
-                if started != current and current in _started(folder, ranks):
+                if started != current and current in started_cases:
                     since, started = time.monotonic(), current  # its own time starts when a rank starts it
                 code = process.poll()
                 if code is not None:
                     # (the ranks write before they exit: read once more before calling it a crash)
-                    if all(current in per for per in _rank_lines(folder, ranks)):
+                    lines, started_cases = _progress(folder, ranks)
+                    if all(current in per for per in lines):
                         continue
-                    where = "while running it" if current in _started(folder, ranks) else "before it started"
+                    where = "while running it" if current in started_cases else "before it started"
                     exits = _exits(log)
                     dead = [f"rank {n} (exit code {c})" for n, c in sorted(exits.items()) if c != -signal.SIGTERM]
                     who = f"{', '.join(dead)} died" if dead else "a rank died"

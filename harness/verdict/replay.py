@@ -332,20 +332,20 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                         if item.name in saved_out:
                             shift.setdefault(stream, saved_out[item.name])
                         else:
+                            # Non-reentrant, a draw the region's own saved tensors do not depend on
+                            # (an inner region's site after the region's last own site: that inner
+                            # region recomputes its own) changes no gradient.
+                            used = reentrant or id(item) in mine or order.index(item) < last
                             if ck[stream] != ck_fwd[item.name]:
                                 cause = free.get(stream, shift.get(stream, stored_by if stored_by >= 0
                                                                    else moved_by.get(stream, -1)))
-                                # Non-reentrant, a draw the region's own saved tensors do not
-                                # depend on (an inner region's site after the region's last own
-                                # site: that inner region recomputes its own) changes no gradient.
-                                used = reentrant or id(item) in mine or order.index(item) < last
                                 fail(("recompute-mask", "gradient") if used else ("recompute-mask",), cause)
                                 how = ("from where the stream is live: the checkpoint does not save it"
                                        if stream in free else "shifted: an earlier draw of its stream was "
                                        "saved by the policy, not rerun" if stream in shift else "at another position")
                                 notes.setdefault(cause, f"{region.name}'s recompute redraws {item.name}@"
                                                         f"{code[item.name]} {how}")
-                            recomputed.append((stream, reentrant or id(item) in mine or order.index(item) < last))
+                            recomputed.append((stream, used))
                             ck[stream] += (token[item.name],)
                             if stream in free:
                                 moved_by.setdefault(stream, free[stream])
