@@ -1,8 +1,11 @@
 """Factories for tests of `harness module`: good ones, and every kind of bad one."""
 
-import torch
+import functools
 
-from harness.fronts.module_mode import ModelCase
+import torch
+import torch.utils.checkpoint
+
+from harness.module_mode import ModelCase
 
 BUILDS = []
 
@@ -168,3 +171,61 @@ class RaisesInForward(torch.nn.Module):
 
 def raising_forward_factory():
     return RaisesInForward(), torch.rand(2, 2)
+
+
+class ForwardCheckpointingLayer(torch.nn.Module):
+    """As transformers 5.23's ``GradientCheckpointingLayer``: each subclass's ``forward`` is wrapped
+    at class level, and with ``gradient_checkpointing`` on it checkpoints the class's own forward
+    function through the instance's ``_gradient_checkpointing_func``, so a recompute calls that
+    function directly, never the instance's ``forward``."""
+
+    gradient_checkpointing = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        forward = cls.forward
+
+        @functools.wraps(forward)
+        def forward_with_checkpointing(self, *args, **kwargs):
+            if self.gradient_checkpointing and self.training:
+                return self._gradient_checkpointing_func(functools.partial(forward, self, **kwargs), *args)
+            return forward(self, *args, **kwargs)
+
+        cls.forward = forward_with_checkpointing
+
+
+class DrawingLayer(ForwardCheckpointingLayer):
+    """A dropout of the layer's own (no submodule runs it), then a linear layer and its dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x, scale=1.0):
+        return self.drop(self.lin(torch.nn.functional.dropout(x, 0.5, self.training))) * scale
+
+
+class FunctionCheckpointed(torch.nn.Module):
+    def __init__(self, checkpointing, preserve_rng_state):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([DrawingLayer() for _ in range(2)])
+        for layer in self.layers:  # as transformers' _set_gradient_checkpointing does
+            layer.gradient_checkpointing = checkpointing
+            layer._gradient_checkpointing_func = functools.partial(
+                torch.utils.checkpoint.checkpoint, use_reentrant=False, preserve_rng_state=preserve_rng_state)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x, scale=2.0)
+        return x
+
+
+def function_checkpointing(checkpointing=False):
+    """Layers that checkpoint their class's forward function (transformers 5.23's way)."""
+    return FunctionCheckpointed(checkpointing, True), torch.rand(4, 8)
+
+
+def function_checkpointing_no_rng_state(checkpointing=False):
+    """The same with ``preserve_rng_state=False``: the recompute redraws the layer's own dropout wrong."""
+    return FunctionCheckpointed(checkpointing, False), torch.rand(4, 8)

@@ -43,7 +43,7 @@ def test_every_bad_input_class_is_a_usage_error_and_a_value_error_as_before():
     usage = {name for name, cls in classes.items() if issubclass(cls, UsageError)}
     for name in ("harness.model.cases.CaseError", "harness.model.programs.ProgramError", "harness.impls.ImplError",
                  "harness.model.shards.ShardError", "harness.verdict.expectations.ExpectationError",
-                 "harness.fronts.module_mode.ModuleError", "harness.model.corpus.CorpusError",
+                 "harness.run.module_run.ModuleError", "harness.model.corpus.CorpusError",
                  "harness.report.ReportError", "harness.verdict.models.ModelError"):
         assert name in usage, name
     assert all(issubclass(classes[name], ValueError) for name in usage)

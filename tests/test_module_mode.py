@@ -1,4 +1,5 @@
-"""`python -m harness module`: your own model under test (harness/fronts/module_mode.py), on the CPU.
+"""`python -m harness module`: your own model under test (harness/fronts/module_mode.py, its run
+harness/run/module_run.py), on the CPU.
 
 The examples under examples/ pass under `bundled` and `torch` and fail under a negative control,
 with the first divergent RNG draw named; bad input is one line and exit status 2.
@@ -18,11 +19,12 @@ import torch
 
 from harness import impls
 from harness.fronts.cli import main
-from harness.fronts.module_mode import AsBuilt, ModuleError, run_module
+from harness.fronts.module_mode import run_module
 from harness.fronts.module_report import summary
 from harness.impls.base import Adapter
 from harness.impls.bundled import BundledAdapter
 from harness.model.cases import Capture, Mode
+from harness.run.module_run import AsBuilt, ModuleError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("examples.mlp:factory", "examples.transformer_layer:factory")
@@ -327,7 +329,7 @@ def test_a_recompute_stopped_early_leaves_no_submodule_path_behind():
 ])
 def test_wrap_patterns_match_whole_path_components(pattern, paths):
     from examples.own_checkpointing import factory
-    from harness.fronts.module_mode import wrapped_paths
+    from harness.run.module_run import wrapped_paths
 
     assert wrapped_paths(factory().module, [pattern]) == paths
 
@@ -358,8 +360,9 @@ def test_drop_path_at_a_small_batch_is_not_stale_rng():
         result = run_module("examples.stochastic_depth:drop_path", impls.load(impl), wrap=["blocks.*"])
         assert result.passed, (impl, [m.message() for m in result.mismatches[:3]])
     # The repeat really is in the model: the reference drew the same mask twice.
-    from harness.fronts.module_mode import ModuleSession, build, load_factory, new_tracker
+    from harness.fronts.module_mode import load_factory
     from harness.run.capture import execute
+    from harness.run.module_run import ModuleSession, build, new_tracker
 
     dev = torch.device("cpu")
     tracker = new_tracker(impls.load("bundled"), dev)
@@ -441,9 +444,9 @@ def test_an_impls_declared_limit_is_unsupported_with_its_reason(capsys):
 
 def test_the_case_an_impl_is_asked_about_says_what_the_model_drew(monkeypatch):
     from harness.checkpoint import rng
-    from harness.fronts.module_mode import module_case
     from harness.impls.bundled import BundledAdapter
     from harness.model.programs import Op, Passing
+    from harness.run.module_run import module_case
 
     draws = ["layers.0.self_attn (aten::_scaled_dot_product_efficient_attention)", "drop (aten::native_dropout)",
              "<module> (aten::rand)", "x (aten::something_else)"]
@@ -473,3 +476,73 @@ def test_a_model_with_no_rng_draw_is_nothing_to_judge_not_a_pass(capsys):
     assert main(["module", "module_factories:no_dropout_factory", "--impl", "torch", "--device", "cpu"]) == 1
     captured = capsys.readouterr()
     assert "nothing random to judge" in captured.out and "none of its 1 selected" in captured.err
+
+
+# ------------------------------------------------------------------ layers that checkpoint a function
+
+
+def test_a_layer_that_checkpoints_its_class_forward_function_is_seen_recomputed():
+    # transformers 5.23's layers checkpoint their class's forward function through the instance's
+    # _gradient_checkpointing_func: the recompute never calls the instance's forward.  The layers
+    # are still the checkpointed submodules, and a draw of the layer's own is checked for its redraw.
+    result = run_module("module_factories:function_checkpointing", AsBuilt())
+    assert result.passed, [m.message() for m in result.mismatches[:3]]
+    assert result.checkpointed == ["layers.0", "layers.1"]
+    result = run_module("module_factories:function_checkpointing_no_rng_state", AsBuilt())
+    assert result.outcome == "mismatch"
+    assert result.first_divergent.startswith("recompute draw 1 of layers.0 (aten::bernoulli_): ")
+
+
+# ------------------------------------------------------------------ transformers' checkpointing APIs
+
+
+class _OldModel(torch.nn.Module):
+    """A model with transformers' old method only (before 5.23)."""
+
+    def __init__(self, options=True):
+        super().__init__()
+        self.calls = []
+        if not options:
+            self.gradient_checkpointing_enable = lambda gradient_checkpointing_kwargs=None: self.calls.append(
+                ("old", gradient_checkpointing_kwargs))
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, every_n_layers=1, offload=False):
+        self.calls.append(("old", gradient_checkpointing_kwargs, every_n_layers, offload))
+
+
+class _NewModel(_OldModel):
+    """A model with 5.23's method beside the deprecated one."""
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, every_n_layers=1, offload=False):
+        self.calls.append(("new", activation_checkpointing_kwargs, every_n_layers, offload))
+
+    def _set_gradient_checkpointing(self, enable=True, gradient_checkpointing_func=None, every_n_layers=1):
+        self.calls.append(("hook", enable, gradient_checkpointing_func))
+
+
+def test_the_checkpointing_helper_calls_the_new_api_where_the_model_has_it():
+    from harness.checkpoint import hf
+
+    model = _NewModel()
+    assert hf.enable_checkpointing(model, reentrant=True, every_n_layers=2, offload=True) == hf.ACTIVATION_API
+    assert model.calls == [("new", {"use_reentrant": True}, 2, True)]  # the deprecated method is never called
+    assert hf.used_api(model) == "activation_checkpointing_enable"
+    model = _NewModel()
+    assert hf.set_checkpoint_function(model, print) == "_set_gradient_checkpointing" == hf.used_api(model)
+    assert model.calls == [("hook", True, print)]
+
+
+def test_the_checkpointing_helper_calls_the_old_api_where_the_model_has_no_new_one():
+    from harness.checkpoint import hf
+
+    model = _OldModel()
+    assert hf.enable_checkpointing(model) == hf.GRADIENT_API == hf.used_api(model)
+    assert hf.enable_checkpointing(model, every_n_layers=3, offload=True) == hf.GRADIENT_API
+    assert model.calls == [("old", {"use_reentrant": False}, 1, False), ("old", {"use_reentrant": False}, 3, True)]
+    # an old method without the options: the defaults are not passed, anything else is a clear error
+    model = _OldModel(options=False)
+    hf.enable_checkpointing(model)
+    assert model.calls == [("old", {"use_reentrant": False})]
+    with pytest.raises(TypeError, match="gradient_checkpointing_enable takes no every_n_layers or offload"):
+        hf.enable_checkpointing(model, every_n_layers=2, offload=True)
+    assert hf.used_api(torch.nn.Linear(2, 2)) == "" and hf.transformers_version(torch.nn.Linear(2, 2)) == ""

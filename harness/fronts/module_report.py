@@ -7,7 +7,10 @@ A module run's record is a case record: ``impl``, ``case_id``, the axes (``mode`
 ``interleave`` ``none``; the program factors empty), ``outcome``, ``reason``, ``error``,
 ``mismatches``, ``verdict``; and what only a module run has: ``kind`` (``module``), ``factory``,
 ``wrap``, ``checkpointed`` (the submodule paths), ``draws_per_forward``, ``draw_sites``,
-``first_divergent_draw`` and ``diagnosis``.
+``first_divergent_draw``, ``diagnosis``, ``transformers`` (the version a transformers model comes
+from, else empty) and ``checkpointing_api`` (the method that turned the model's own checkpointing
+on: ``activation_checkpointing_enable``, ``gradient_checkpointing_enable`` before transformers 5.23,
+or ``_set_gradient_checkpointing``; empty where none did).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from ..results import AS_BUILT, CaseRecord, Outcome, Verdict
 from ..verdict.expectations import judge
 
 if TYPE_CHECKING:
-    from .module_mode import ModuleResult
+    from ..run.module_run import ModuleResult
 
 SHOWN_PATHS = 8  # checkpointed paths a summary names before it counts the rest
 MODULE_LAYOUT = "module"  # the layout column of a module run's record: its own row in the matrices
@@ -62,8 +65,16 @@ def record(result: "ModuleResult", factory: str, impl: str, version: str | None,
         extra={"kind": "module", "factory": factory, "wrap": list(wrap or []),
                "checkpointed": ", ".join(repr(p) for p in result.checkpointed),
                "draws_per_forward": result.draws_per_forward, "draw_sites": len(result.draws),
-               "first_divergent_draw": result.first_divergent or "", "diagnosis": result.diagnosis},
+               "first_divergent_draw": result.first_divergent or "", "diagnosis": result.diagnosis,
+               "transformers": result.transformers, "checkpointing_api": result.checkpointing_api},
     )
+
+
+def library_line(result: "ModuleResult") -> str:
+    """``transformers 5.23.0; its checkpointing on through activation_checkpointing_enable``: the
+    version of transformers the model comes from, and how its own checkpointing was turned on."""
+    line = f"transformers {result.transformers}"
+    return line + (f"; its checkpointing on through {result.checkpointing_api}" if result.checkpointing_api else "")
 
 
 def head(factory: str, impl: str, device: str, capture: Capture, mode: Mode) -> str:
@@ -88,6 +99,8 @@ def summary(factory: str, impl: str, device: str, capture: Capture, mode: Mode, 
             shown += f", ... ({len(paths)} in all)"
         lines.append(f"{what}: {shown}; {result.draws_per_forward} RNG draws per forward at "
                      f"{len(result.draws)} sites, {result.iterations} iterations")
+    if result.transformers:
+        lines.append(library_line(result))
     if result.first_divergent:
         lines.append(f"first divergent draw: {result.first_divergent}")
     elif result.diagnosis:

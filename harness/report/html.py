@@ -398,6 +398,10 @@ def _case_details(case: CaseNote) -> str:
         body.append(f'<p class="muted">Checkpointed: {_e(record["checkpointed"])}; '
                     f'{_e(record.get("draws_per_forward"))} '
                     f"RNG draws per forward at {_e(record.get('draw_sites'))} sites</p>")
+    if text(record, "transformers"):
+        api = text(record, "checkpointing_api")
+        body.append(f'<p class="muted">transformers {_e(record["transformers"])}'
+                    + (f"; its checkpointing on through <code>{_e(api)}</code>" if api else "") + "</p>")
     if text(record, "reason") and name not in ("mismatch", "xfail"):
         body.append(f"<p>Reason: {_e(record['reason'])}</p>")
     body.append(_mismatch_table(record, verdict_name))
