@@ -1,33 +1,100 @@
-"""Which rank of a tensor-parallel group this process runs as, and the stream seeds that follow
+"""Which rank of a parallel layout this process runs as, and the stream seeds that follow
 (issue 41).  One process is rank 0 of 1, and every seed is what it always was.
 
-Seeds follow Megatron-core's ``model_parallel_cuda_manual_seed`` with the tensor-parallel group
-the whole world (TP = N): the default generators and the data-parallel stream get one seed on
-every rank (activations every rank replicates draw the same masks); the tensor-model-parallel
-stream (``model-parallel-rng``), the expert-parallel and the model-and-context-parallel streams
-add the TP rank, times `TP_SEED_STRIDE` (the shards each rank holds draw different masks).  The context-parallel stream
-is seeded by the context-parallel rank, 0 everywhere here (no context parallelism).
+A world of N ranks is split as Megatron-core splits it (its default order ``tp-cp-ep-dp-pp``: the
+tensor-parallel rank varies fastest): ``TP x CP x DP = N``, TP = N unless told otherwise.  Seeds
+follow Megatron-core's ``model_parallel_cuda_manual_seed``: the default generators and the
+data-parallel stream get one seed on every rank (activations every rank replicates draw the same
+masks); the tensor-model-parallel stream (``model-parallel-rng``) and the expert-parallel stream
+add the TP rank (the shards each rank holds draw different masks; expert TP = TP here); the
+context-parallel stream adds the context-parallel rank and the model-and-context-parallel stream
+both (Megatron-LM PR #4828's streams: each CP rank holds another chunk of the sequence).  Each
+stream's offset is a multiple of `TP_SEED_STRIDE` (`stream_seed`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The axes each tracker stream's seed depends on (every stream not named here: none, the same
+# numbers on every rank).  Megatron-core: tensor_model_parallel_seed = seed + 2718 + tp_rank.
+STREAM_AXES: dict[str, tuple[str, ...]] = {
+    "model-parallel-rng": ("tp",),
+    "expert-parallel-rng": ("tp",),
+    "context-parallel-rng": ("cp",),
+    "model-and-context-parallel-rng": ("tp", "cp"),
+}
 # The streams whose seed adds the TP rank (Megatron-core: tensor_model_parallel_seed = seed +
 # 2718 + tp_rank; expert and model-and-context streams carry the TP rank too).
-PER_TP_RANK = frozenset({"model-parallel-rng", "expert-parallel-rng", "model-and-context-parallel-rng"})
+PER_TP_RANK = frozenset(name for name, axes in STREAM_AXES.items() if "tp" in axes)
+AXIS_NAMES = {"tp": "tensor-parallel", "cp": "context-parallel", "dp": "data-parallel"}
 
 
 @dataclass(frozen=True)
 class RankContext:
-    """This process's place in the group: ``rank`` of ``world``; TP is the whole world."""
+    """This process's place in the layout: ``rank`` of ``world``, split ``tp x cp x dp`` (tp 0:
+    the whole world)."""
 
     rank: int = 0
     world: int = 1
+    tp: int = 0
+    cp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp == 0:
+            object.__setattr__(self, "tp", self.world // self.cp)
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.cp)
 
     @property
     def tp_rank(self) -> int:
-        return self.rank
+        return self.rank % self.tp
+
+    @property
+    def cp_rank(self) -> int:
+        return (self.rank // self.tp) % self.cp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // (self.tp * self.cp)
+
+    def coordinates(self) -> dict[str, int]:
+        """This rank's place on each axis: ``{"tp": .., "cp": .., "dp": ..}``."""
+        return {"tp": self.tp_rank, "cp": self.cp_rank, "dp": self.dp_rank}
+
+    def seed_offset(self, name: str) -> int:
+        """What this rank adds to the one-process seed of the stream `name` (0 for a stream every
+        rank seeds alike): `TP_SEED_STRIDE` times this rank's index among the ranks that must
+        draw differently from it."""
+        index = 0
+        for axis in STREAM_AXES.get(name, ()):
+            index = index * getattr(self, axis) + self.coordinates()[axis]
+        return TP_SEED_STRIDE * index
+
+    def label(self) -> str:
+        """The layout as records and reports name it: ``tp2`` or ``tp2xcp2xdp1``."""
+        return f"tp{self.tp}" if self.world == self.tp else f"tp{self.tp}xcp{self.cp}xdp{self.dp}"
+
+
+def sizes(label: str) -> dict[str, int]:
+    """The axis sizes a `RankContext.label` names: ``tp2`` -> tp 2, cp 1, dp 1."""
+    out = {"tp": 1, "cp": 1, "dp": 1}
+    for part in label.split("x"):
+        if part[:2] in out and part[2:].isdigit():
+            out[part[:2]] = int(part[2:])
+    return out
+
+
+def layout_problem(world: int, tp: int = 0, cp: int = 1) -> str | None:
+    """Why `world` ranks cannot be split `tp` x `cp` x DP (tp 0: world // cp), or None."""
+    if world < 1 or cp < 1 or tp < 0:
+        return f"a layout needs positive sizes (ranks {world}, tp {tp}, cp {cp})"
+    tp = tp or world // cp
+    if tp < 1 or world % (tp * cp):
+        return f"{world} ranks cannot be split into TP {tp} x CP {cp} x DP (TP x CP must divide the rank count)"
+    return None
 
 
 _current = RankContext()
@@ -38,12 +105,16 @@ def current() -> RankContext:
     return _current
 
 
-def enter(rank: int, world: int) -> RankContext:
-    """Run as `rank` of `world` from now on (a rank worker calls it once, at its start)."""
+def enter(rank: int, world: int, tp: int = 0, cp: int = 1) -> RankContext:
+    """Run as `rank` of `world` (split `tp` x `cp` x DP) from now on (a rank worker calls it
+    once, at its start)."""
     global _current
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} is not in a world of {world}")
-    _current = RankContext(rank, world)
+    problem = layout_problem(world, tp, cp)
+    if problem:
+        raise ValueError(problem)
+    _current = RankContext(rank, world, tp, cp)
     return _current
 
 
@@ -56,4 +127,4 @@ TP_SEED_STRIDE = 1000
 
 def stream_seed(name: str, base: int) -> int:
     """The seed a tracker stream named `name` gets on this rank, from its one-process seed."""
-    return base + TP_SEED_STRIDE * current().tp_rank if name in PER_TP_RANK else base
+    return base + current().seed_offset(name)

@@ -751,3 +751,66 @@ def test_real_deepspeed_passes_the_first_matrix_on_its_cpu_accelerator(tmp_path)
     records = [json.loads(line) for line in (tmp_path / "report" / "results.jsonl").read_text().splitlines()]
     outcomes = {(r["layout"], r["outcome"]) for r in records}
     assert outcomes == {(layout.value, "unsupported" if layout is Layout.SHARED else "pass") for layout in Layout}
+
+
+# --- deepspeed-partition: partition_activations=True over the TP group of --ranks N (issue 41) --------
+
+
+def test_partitioning_needs_a_process_group(standin):
+    adapter = impls.load("deepspeed-partition")
+    reason = adapter.supports(parse_case_id("reentrant-tracked-eager-flat-none-cpu"))
+    assert reason is not None and "run with --ranks N" in reason
+
+
+@pytest.mark.parametrize("spec, layout, region", [
+    ("default-eager-(native_dropout)+(native_dropout)", (2, 2, 1), None),  # default stream: alike everywhere
+    ("tracked-eager-(native_dropout)+(native_dropout)", (2, 2, 1), "r1"),  # a TP-seeded draw feeds r1
+    ("tracked-eager-(native_dropout@c)+(native_dropout@c)", (2, 2, 1), None),  # CP 1: the CP stream is alike
+    ("tracked-eager-(native_dropout@c)+(native_dropout@c)", (4, 2, 2), "r1"),
+    ("tracked-eager-(native_dropout+(native_dropout))", (2, 2, 1), "r1"),  # inner region after the draw
+])
+def test_partitioning_is_unsupported_where_a_region_input_may_differ_between_ranks(spec, layout, region):
+    from harness import rank_context
+    from harness.impls.deepspeed import _entered_after_rank_draw
+
+    world, tp, cp = layout
+    case = parse_case_id(f"reentrant-{spec}-none-cpu")
+    try:
+        rank_context.enter(1, world, tp, cp)
+        assert _entered_after_rank_draw(case) == region
+    finally:
+        rank_context.enter(0, 1)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_real_deepspeed_partitions_over_two_cpu_ranks(monkeypatch):
+    """Two CPU ranks: the RNG is right where it runs; an odd element count trips DeepSpeed's
+    assertion (proof the activations are split: one rank would not); a list argument reaches the
+    recompute with a stray None (deepspeedai/DeepSpeed PR #8455)."""
+    from harness.run.ranks import run_ranked
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    cases = [parse_case_id(c) for c in ("reentrant-tracked-eager-flat-none-cpu",
+                                        "nonreentrant-default-eager-siblings-draws-cpu",
+                                        "nonreentrant-default-eager-native_dropout.f32.odd.positional.flat-none-cpu",
+                                        "nonreentrant-default-eager-native_dropout.f32.small.list.flat-none-cpu")]
+    results = [result for _, result in run_ranked("deepspeed-partition", cases, 2, 300.0)]
+    assert [r.outcome.value for r in results[:2]] == ["pass", "pass"], [r.summary() for r in results]
+    assert results[2].error.startswith("AssertionError: Doesn't handle if partition activation") and \
+        results[2].error.endswith("[every rank]")
+    assert results[3].error.startswith("TypeError:") and "positional argument" in results[3].error
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_real_deepspeed_partition_recomputes_a_closure_from_the_emptied_argument(monkeypatch):
+    """findings/deepspeed-partition-closure-empty-input.md: the fuzzer's shrunk case fails as the
+    emptied-argument model says; the outer region recomputing first refills the argument."""
+    from harness.run.ranks import run_ranked
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    cases = [parse_case_id(f"nonreentrant-default-eager-{spec}-none-cpu")
+             for spec in ("(closure(native_dropout))", "(closure(native_dropout)+native_dropout)")]
+    emptied, refilled = [result for _, result in run_ranked("deepspeed-partition", cases, 2, 300.0)]
+    assert {m.oracle for m in emptied.mismatches} == {"recompute-mask", "gradient"}, emptied.summary()
+    assert any("got torch.bool()" in m.message() for m in emptied.mismatches)  # a mask of shape ()
+    assert refilled.outcome.value == "pass", refilled.summary()

@@ -281,3 +281,58 @@ def test_expectations_diff_lists_the_cells_another_file_claims_otherwise(tmp_pat
     bad.write_text("{")
     assert main(["expectations", "diff", str(path), "--machine", str(bad)]) == 2
     assert capsys.readouterr().err.startswith(f"error: cannot read machine facts {bad}")
+
+
+# --- behaviours of deepspeed-partition (issue 41) and error order -----------------------------------
+
+
+EMPTIED = model(behaviour="emptied-argument")
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("(closure(native_dropout))", ("mismatch", ("recompute-mask", "gradient"))),  # the owner never recomputes
+    ("(closure(closure(native_dropout)))", ("mismatch", ("recompute-mask", "gradient"))),
+    ("(closure(nodraw))+native_dropout", ("mismatch", ("gradient",))),  # no draw: only the gradient
+    ("(native_dropout&closure(native_dropout))", ("mismatch", ("recompute-mask", "gradient"))),
+    ("(closure(native_dropout)+native_dropout)", ("pass", ())),  # the owner recomputes first, refills it
+    ("(native_dropout+closure(native_dropout))", ("pass", ())),  # it reads a site's output, not the argument
+    ("autocast(closure(native_dropout))", ("pass", ())),  # autocast's body reads its matmul's output
+    ("closure(native_dropout)", ("pass", ())),  # the program's input is nobody's argument
+])
+def test_a_closure_reading_an_emptied_argument_recomputes_wrong_until_its_owner_refills_it(spec, expected):
+    assert predicted(f"nonreentrant-default-eager-{spec}-none-cpu", EMPTIED) == expected
+
+
+def test_an_input_refused_at_the_recompute_lets_the_forward_through_and_raises_where_backward_recomputes():
+    refused = model(behaviour="refuses-input", passing=["list", "dict"], recompute=True, message="^TypeError")
+    assert predicted("nonreentrant-default-eager-list(native_dropout)-none-cpu", refused) == ("error", "^TypeError")
+    # a list region with no site of its own never recomputes on its own: nothing raises
+    assert predicted("nonreentrant-default-eager-(list((native_dropout)))-none-cpu", refused) == ("pass", ())
+
+
+def test_an_autocast_matmul_error_comes_after_the_recomputes_of_the_regions_inside():
+    refused = model(behaviour="refuses-input", passing="list", recompute=True, message="^TypeError")
+    autocast = model(behaviour="context-not-replayed", context="autocast", message="^RuntimeError: expected m1")
+    case = "nonreentrant-default-eager-(autocast(native_dropout+list(native_dropout)+native_dropout))-none-cpu"
+    assert predicted(case, autocast, refused) == ("error", "^TypeError")  # seen on two CPU ranks, deepspeed 0.19.8
+    assert predicted(case, autocast) == ("error", "^RuntimeError: expected m1")
+
+
+def test_an_autocast_region_entered_in_another_dtype_raises_in_its_recompute_before_the_regions_inside():
+    refused = model(behaviour="refuses-input", passing="list", recompute=True, message="^TypeError")
+    autocast = model(behaviour="context-not-replayed", context="autocast", message="^RuntimeError: expected m1")
+    case = "nonreentrant-default-eager-(native_dropout.bf16+autocast(list(native_dropout)+native_dropout))-none-cpu"
+    assert predicted(case, autocast, refused) == ("error", "^RuntimeError: expected m1")  # two CPU ranks, 0.19.8
+
+
+def test_the_cpu_math_attention_recomputed_in_another_dtype_redraws_and_raises_nothing():
+    autocast = model(behaviour="context-not-replayed", context="autocast", message="^RuntimeError: expected m1",
+                     attention_message="^RuntimeError: attention")
+    # seen with deepspeed 0.19.8 on the CPU: a mismatch in a bfloat16 program, the matmul's error in a float32 one
+    assert predicted("nonreentrant-default-eager-bf16:autocast(native_dropout+native_dropout+sdpa_math.f32)-none-cpu",
+                     autocast) == ("mismatch", ("recompute-mask", "gradient"))
+    assert predicted("nonreentrant-default-eager-autocast(native_dropout+native_dropout+sdpa_math)-none-cpu",
+                     autocast) == ("error", "^RuntimeError: expected m1")
+    # the CPU's flash kernel (attention with no dropout, on the backend the CPU picks) raises
+    assert predicted("nonreentrant-default-eager-autocast(sdpa_auto)-none-cpu", autocast) == (
+        "error", "^RuntimeError: attention")

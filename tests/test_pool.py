@@ -163,7 +163,7 @@ def test_plan_slots_interleaves_the_gpus():
 
 class _Config:
     def __init__(self, **options) -> None:
-        self.options = {"workers_per_gpu": None, "device": "cuda", "ranks": 1, **options}
+        self.options = {"workers_per_gpu": None, "device": "cuda", "ranks": 1, "tp": 0, "cp": 1, **options}
 
     def getoption(self, name):
         return self.options[name]

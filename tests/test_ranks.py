@@ -130,3 +130,116 @@ def test_pytest_ranks_runs_each_case_on_that_many_ranks(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert {(r["impl"], r["verdict"], r["ranks"]) for r in lines} == {("neg-rank0-snapshot", "xfail", 2),
                                                                       ("bundled", "pass", 2)}
+
+
+# --- layouts: TP x CP x DP (Megatron's order, TP fastest) --------------------------------------
+
+
+def test_a_layout_places_each_rank_and_seeds_each_stream_by_its_axes():
+    from harness import rank_context as rc
+
+    places = [rc.RankContext(r, 8, 2, 2) for r in range(8)]
+    assert [(p.tp_rank, p.cp_rank, p.dp_rank) for p in places[:5]] == [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0),
+                                                                       (0, 0, 1)]
+    assert places[0].label() == "tp2xcp2xdp2" and rc.RankContext(1, 2).label() == "tp2"
+    assert rc.sizes("tp2xcp2xdp2") == {"tp": 2, "cp": 2, "dp": 2} and rc.sizes("tp4") == {"tp": 4, "cp": 1, "dp": 1}
+    for stream, axes in rc.STREAM_AXES.items():
+        for a in places:
+            for b in places:
+                same = all(a.coordinates()[axis] == b.coordinates()[axis] for axis in axes)
+                assert (a.seed_offset(stream) == b.seed_offset(stream)) == same, (stream, a, b)
+    assert {p.seed_offset("data-parallel-rng") for p in places} == {0}  # seeded alike everywhere
+    assert "cannot be split" in rc.layout_problem(6, 4, 1) and rc.layout_problem(8, 2, 2) is None
+
+
+def test_cross_rank_oracle_follows_the_layout_both_ways():
+    # TP 2 x DP 2: ranks 0 and 2 hold TP rank 0, ranks 1 and 3 TP rank 1
+    coords = [{"tp": r % 2, "cp": 0, "dp": r // 2} for r in range(4)]
+    per_tp = {"s0": "model-parallel-rng"}
+    right = [{"0/s0/forward": v} for v in "abab"]
+    assert cross_rank(right, per_tp, coords) == []
+    replicas_differ = cross_rank([{"0/s0/forward": v} for v in "abcb"], per_tp, coords)
+    assert len(replicas_differ) == 1 and "ranks 0 and 2" in replicas_differ[0].detail
+    assert "which they share: they must be equal" in replicas_differ[0].detail
+    shards_alike = cross_rank([{"0/s0/forward": "a"} for _ in range(4)], per_tp, coords)
+    assert len(shards_alike) == 1 and "must differ" in shards_alike[0].detail and shards_alike[0].count == 4
+    # a context-parallel stream under TP 2 x CP 2: seeded by the CP rank only
+    cp_coords = [{"tp": r % 2, "cp": r // 2, "dp": 0} for r in range(4)]
+    per_cp = {"s1": "context-parallel-rng"}
+    assert cross_rank([{"0/s1/recompute": v} for v in "aabb"], per_cp, cp_coords) == []
+    assert "context-parallel rank" in cross_rank([{"0/s1/recompute": "a"} for _ in range(4)], per_cp,
+                                                 cp_coords)[0].detail
+
+
+CP_CASE = "nonreentrant-tracked-eager-(native_dropout@c+native_dropout@m+native_dropout)-none-cpu"
+
+
+def test_four_ranks_in_tp2_by_cp2_catch_the_controls_on_every_stream_seeded_per_rank():
+    case = parse_case_id(CP_CASE)
+    for impl in ("bundled", "neg-rank-reseed"):
+        [(_, result)] = list(run_ranked(impl, [case], 4, 120.0, tp=2, cp=2))
+        assert result.rank_layout == "tp2xcp2xdp1" and result.ranks == 4
+        if impl == "bundled":
+            assert result.outcome.value == "pass", result.summary()
+            continue
+        assert [p["rank"] for p in result.per_rank if p["outcome"] != "pass"] == [1, 2, 3], result.per_rank
+        crossed = {m.subject: m.detail for m in result.mismatches if m.oracle == "rank-streams"}
+        assert set(crossed) == {"s0", "s1", "s2"}, crossed  # @c, @m, and the tracked stream
+        assert "context-parallel-rng" in crossed["s0"] and "model-and-context-parallel-rng" in crossed["s1"]
+
+
+def test_a_rank_group_keeps_one_launch_between_cases_and_replaces_a_dead_one(faulty_on_path):
+    from harness.run.ranks import RankGroup
+
+    flat, nested = (parse_case_id(c) for c in ("nonreentrant-default-eager-flat-none-cpu",
+                                               "nonreentrant-default-eager-nested-none-cpu"))
+    with RankGroup(2, 120.0) as group:
+        assert group.run(flat, "bundled").outcome.value == "pass"
+        first = group._launch.process.pid
+        assert group.run(nested, "bundled").outcome.value == "pass"
+        assert group._launch.process.pid == first and group.restarts == 0  # one launch, two cases
+        assert group.run(nested, "faulty_adapters:make_rank_one_dies").outcome.value == "crash"
+        assert group.restarts == 1
+        assert group.run(flat, "faulty_adapters:make_rank_one_dies").outcome.value == "pass"  # a new launch
+
+
+def test_fuzz_ranks_judges_every_program_on_every_rank(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--impl", "neg-rank0-snapshot", "--device", "cpu",
+                           "--ranks", "2", "--examples", "12", "--seed", "3", "--no-database", "--new-only",
+                           "--report-dir", str(tmp_path / "fuzz")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "on 2 ranks (tp2)" in done.stdout and "no new failure" in done.stdout, done.stdout[-1500:]
+    records = [json.loads(line) for line in (tmp_path / "fuzz" / "results.jsonl").read_text().splitlines()]
+    assert records and all(r["ranks"] == 2 and r["rank_layout"] == "tp2" for r in records)
+    assert any(r["verdict"] == "xfail" and r["expected_entry"] == "rank0-snapshot" for r in records)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--impl", "bundled", "--device", "cpu", "--ranks", "3", "--tp", "2"], "cannot be split"),
+    (["run", "--impl", "bundled", "--device", "cpu", "--tp", "2"], "give --ranks too"),
+    (["fuzz", "--impl", "bundled", "--device", "cpu", "--ranks", "2", "--jobs", "2"], "leave out --jobs"),
+])
+def test_a_layout_that_cannot_be_is_one_clear_line(argv, message):
+    done = subprocess.run([sys.executable, "-m", "harness", *argv], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_rank_zero_rewind_model_follows_the_streams_the_layout_seeds_per_rank():
+    from harness.verdict.models import Machine, Model, predict
+
+    model = [Model("rank-zero-rewind")]
+
+    def said(case_id: str, layout: str):
+        return predict(model, parse_case_id(case_id), Machine({"ranks.layout": layout}, probe=False))
+
+    tracked = said(TRACKED, "tp2")
+    assert tracked.outcome == "mismatch" and set(tracked.oracles) == {"recompute-mask", "gradient", "rank-streams"}
+    assert said(DEFAULT, "tp2").outcome == "pass"  # no site draws from a stream seeded per rank
+    # a context-parallel site fails only where CP > 1; F.dropout records its output: no rank-streams claim
+    cp_only = "nonreentrant-tracked-eager-(native_dropout@c)-none-cpu"
+    assert said(cp_only, "tp2").outcome == "pass"
+    assert said(cp_only, "tp2xcp2xdp1").outcome == "mismatch"
+    output_site = said("nonreentrant-tracked-eager-(dropout)-none-cpu", "tp2")
+    assert output_site.outcome == "mismatch" and "rank-streams" not in output_site.oracles

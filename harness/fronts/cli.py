@@ -28,7 +28,9 @@ from .. import report as reporting
 from ..model import shards
 from ..model.cases import AXES, Capture, Case, Device, parse_case_id, parse_value
 from ..model.matrix import MATRICES, generate
+from ..rank_context import layout_problem
 from ..report import cli as report_cli
+from ..report.frame import rank_flags
 from ..report.live import LiveResults
 from ..results import CaseRecord, Outcome, Verdict
 from ..run import isolation, stops
@@ -46,6 +48,7 @@ from ..run.execution import (
     run_cases_ranked,
 )
 from ..run.pool import CasePool
+from ..run.ranks import RankGroup
 from ..verdict import expectations as expectations_mod
 from . import gpus, repro_script, timeline
 
@@ -70,6 +73,29 @@ def _add_replace(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(reporting.REPLACE_FLAG, dest="replace_report", action="store_true",
                         help="--report-dir may hold a report: this run replaces it (its files are removed at the "
                              "first record; without the flag such a folder is refused)")
+
+
+def _add_ranks(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ranks", type=int, default=1, metavar="N",
+                        help="run each case in N processes forming one parallel layout (torch.distributed's "
+                             "launcher, gloo), tracker streams seeded per rank as Megatron does; a case's verdict "
+                             "is every rank's oracles plus the cross-rank one (rank-streams).  Default 1")
+    parser.add_argument("--tp", type=int, default=0, metavar="K",
+                        help="with --ranks: the tensor-parallel size (default: every rank; TP x CP x DP = N)")
+    parser.add_argument("--cp", type=int, default=1, metavar="K",
+                        help="with --ranks: the context-parallel size (default 1)")
+
+
+def _check_ranks(args: argparse.Namespace) -> None:
+    """One clear line for a rank count or layout that cannot be."""
+    if args.ranks < 1:
+        raise UsageError(f"--ranks must be 1 or more, got {args.ranks}")
+    if args.ranks > 1:
+        problem = layout_problem(args.ranks, args.tp, args.cp)
+        if problem:
+            raise UsageError(f"--ranks/--tp/--cp: {problem}")
+    elif args.tp or args.cp != 1:
+        raise UsageError("--tp and --cp split the ranks of --ranks N (N > 1): give --ranks too")
 
 
 def _load_expectations(path: str | None, *, problems: bool = True) -> tuple[list[Any], list[str]]:
@@ -172,10 +198,7 @@ def _parser() -> argparse.ArgumentParser:
                               f"the GPU's memory, at most {gpus.MAX_WORKERS_PER_GPU}; printed)")
     p_run.add_argument("--case-timeout", type=float, default=isolation.DEFAULT_TIMEOUT_S, metavar="S",
                        help=f"per-case time limit in seconds when isolated (default {isolation.DEFAULT_TIMEOUT_S:g})")
-    p_run.add_argument("--ranks", type=int, default=1, metavar="N",
-                       help="run each case in N processes forming one tensor-parallel group (torch.distributed's "
-                            "launcher, gloo), tracker streams seeded per TP rank as Megatron does; a case's verdict "
-                            "is every rank's oracles plus the cross-rank one (rank-streams).  Default 1")
+    _add_ranks(p_run)
     p_run.add_argument("--require-cuda", action="store_true",
                        help="exit 2 when no CUDA device is visible instead of running the CPU subset "
                             "(also: HARNESS_REQUIRE_CUDA=1; for GPU CI jobs)")
@@ -230,6 +253,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="append every program's record to DIR/results.jsonl as it is judged and write a "
                              "report there at the end (also when stopped); default: no report")
     _add_replace(p_fuzz)
+    _add_ranks(p_fuzz)
     p_fuzz.add_argument("--no-database", dest="database", action="store_false",
                         help="no Hypothesis example database "
                              "(default: .hypothesis/harness-fuzz replays earlier failures first)")
@@ -347,14 +371,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _list_impls() -> int:
     """Every registered impl, one line each: name, available (or why not), what it is."""
-    for name in sorted(impls.registered()):
+    names = sorted(impls.registered())
+    width = max(map(len, names), default=0) + 1  # the name column fits the longest name
+    for name in names:
         try:
             adapter = impls.load(name)
             why = adapter.unavailable() if callable(getattr(adapter, "unavailable", None)) else None
             what = getattr(adapter, "description", "") or ""
         except impls.ImplError as exc:
             why, what = str(exc), ""
-        print(f"{name:26} available    {what}" if why is None else f"{name:26} unavailable: {why}")
+        print(f"{name:{width}} available    {what}" if why is None else f"{name:{width}} unavailable: {why}")
     return 0
 
 
@@ -369,8 +395,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     shard = shards.parse_shard(args.shard) if args.shard else None
     if not math.isfinite(args.case_timeout) or args.case_timeout <= 0:
         raise UsageError(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
-    if args.ranks < 1:
-        raise UsageError(f"--ranks must be 1 or more, got {args.ranks}")
+    _check_ranks(args)
     report_dir = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
     reporting.check_report_dir(report_dir, replace=args.replace_report)
     work = [(t, c) for t in targets for c in cases if shards.in_shard(t.name, c.id, shard)]
@@ -403,7 +428,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 for target in targets:
                     mine = [index for index, (t, _) in enumerate(work) if t is target]
                     for position, done in run_cases_ranked(target, [work[i][1] for i in mine], entries, args.ranks,
-                                                           args.case_timeout):
+                                                           args.case_timeout, args.tp, args.cp):
                         keep(mine[position], f"ranks{args.ranks}", done.record)
             elif pool is not None:
                 pool.run(work, entries, lambda index, number, done: keep(index, f"w{number}", done.record))
@@ -590,6 +615,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--jobs runs isolated workers: leave out --no-isolate")
     if args.jobs > 1 and args.examples is not None and args.examples < args.jobs:
         raise UsageError(f"--examples {args.examples} cannot be shared among --jobs {args.jobs} searches")
+    _check_ranks(args)
+    if args.ranks > 1 and args.jobs > 1:
+        raise UsageError("--ranks runs one search on one group of ranks: leave out --jobs")
+    if args.ranks > 1 and not args.isolate:
+        raise UsageError("--ranks runs every program in rank processes: leave out --no-isolate")
     if args.corpus and args.save:
         reporting.check_output_file(args.corpus, "--corpus")
     if args.report_dir:
@@ -597,15 +627,19 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
     isolate = args.isolate  # on by default, as in every front (README, "Isolation")
-    print(f"fuzz {target.name} on {device}: {amount}, seed {seed_value}{', isolated' if isolate else ''}"
+    group = RankGroup(args.ranks, isolation.DEFAULT_TIMEOUT_S, args.tp, args.cp) if args.ranks > 1 else None
+    where = f", on {args.ranks} ranks ({group.layout.label()})" if group is not None else ""
+    print(f"fuzz {target.name} on {device}: {amount}, seed {seed_value}{', isolated' if isolate else ''}{where}"
           f"{', new failures only' if args.new_only else ''}", flush=True)
     captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
     if captures:
         check_selection([], [device], captures)
     # One worker keeps the devices this process sees; several are spread over the GPUs.
     slots = [None] if args.jobs == 1 else gpus.pinned(device, args.jobs)
-    pool = CasePool(slots, isolation.DEFAULT_TIMEOUT_S) if isolate else None  # every process starts at once
-    workers = pool.workers if pool is not None else [None]
+    pool = CasePool(slots, isolation.DEFAULT_TIMEOUT_S) if isolate and group is None else None  # all start at once
+    workers: list[Any] = pool.workers if pool is not None else [group]  # a rank group runs as one worker
+    if group is not None:
+        group.start()
     if args.jobs > 1:
         print(f"{args.jobs} searches side by side, one isolated worker each"
               f"{' on GPUs ' + ','.join(str(g) for g in slots) if slots[0] is not None else ''}"
@@ -640,6 +674,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 live.close()
             if pool is not None:
                 pool.close()
+            if group is not None:
+                group.close()
     progress.done()
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
         return _fuzz_summary(args, target, found, list(records.values()), env, entries, problems)
@@ -741,7 +777,8 @@ def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, to
     if record.verdict is Verdict.FAIL and not record.expected_entry and not record.verdict_note:
         # no entry claims it (and it is no wrong failure, no fault outside the impl): which one expects it?
         expecting = audit.expecting_entry(entries, impl, record.outcome.value, [m.oracle for m in record.mismatches],
-                                          record.error, record.impl_version, case=case)
+                                          record.error, record.impl_version, case=case,
+                                          ranks=int(record.extra.get("ranks") or 1))
         if expecting is not None:
             print(f"  like     {expecting.label}: that entry expects this failure, but its cases do not reach this "
                   "one (its bug in a new shape, or another bug that fails alike; `expectations explain` says "
@@ -749,8 +786,10 @@ def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, to
     print_mismatches(result.mismatches, indent="  ")
     if result.error:
         print(f"\n  {result.error}")
-    print(f"\nrerun:   python -m harness repro '{case.id}' --impl {impl}")
-    print(f"matrix:  pytest cases --impl {impl} --program '{case.program.spec}'")
+    ranks = int(record.extra.get("ranks") or 1)
+    print(f"\nrerun:   {reporting.repro_command({'case_id': case.id, 'impl': impl, **record.extra})}")
+    flags = f" {rank_flags(ranks, record.extra.get('rank_layout'))}" if ranks > 1 else ""
+    print(f"matrix:  pytest cases --impl {impl} --program '{case.program.spec}'{flags}")
     return expecting.label if expecting is not None else None
 
 

@@ -32,6 +32,7 @@ from .. import report as reporting
 from ..model import corpus, shards
 from ..model.cases import AXES, ID_PARTS, Case, CaseError, parse_case_id
 from ..model.matrix import MATRICES, generate, parse_programs
+from ..rank_context import layout_problem
 from ..report.live import LiveResults
 from ..results import CaseRecord, Verdict
 from ..run import isolation, stops
@@ -45,8 +46,8 @@ from ..run.execution import (
     proved_nothing,
     resolve_devices,
     run_case,
-    run_cases_ranked,
 )
+from ..run.ranks import RankGroup
 from ..verdict import expectations as expectations_mod
 from . import gpus
 
@@ -100,8 +101,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--program", action="append", default=[], metavar="NAME",
                     help="only these programs (repeatable or comma-separated), e.g. rand.bf16.odd.keyword.deep")
     group.addoption("--ranks", type=int, default=1, metavar="N",
-                    help="run each case in N processes forming one tensor-parallel group (as `harness run "
-                         "--ranks N`: every rank's oracles plus rank-streams); each case starts its own N processes")
+                    help="run each case in N processes forming one parallel layout (as `harness run "
+                         "--ranks N`: every rank's oracles plus rank-streams); one group of N per pytest process")
+    group.addoption("--tp", type=int, default=0, metavar="K",
+                    help="with --ranks: the tensor-parallel size (default: every rank; TP x CP x DP = N)")
+    group.addoption("--cp", type=int, default=1, metavar="K",
+                    help="with --ranks: the context-parallel size (default 1)")
     group.addoption("--allow-unsupported", action="store_true", default=False,
                     help="run an impl named by --impl even when its package cannot load (every case unsupported)")
 
@@ -113,6 +118,12 @@ def _option_problem(config: pytest.Config) -> str | None:
         return f"--workers-per-gpu must be at least 1, got {per_gpu}"
     if config.getoption("ranks") < 1:
         return f"--ranks must be 1 or more, got {config.getoption('ranks')}"
+    if config.getoption("ranks") > 1:
+        problem = layout_problem(config.getoption("ranks"), config.getoption("tp"), config.getoption("cp"))
+        if problem:
+            return f"--ranks/--tp/--cp: {problem}"
+    elif config.getoption("tp") or config.getoption("cp") != 1:
+        return "--tp and --cp split the ranks of --ranks N (N > 1): give --ranks too"
     return None
 
 
@@ -220,13 +231,8 @@ def harness_run(request: pytest.FixtureRequest):
     def run_one(param: HarnessCase) -> None:
         config = request.config
         target: Target = config._harness_impls[param.impl]  # type: ignore[attr-defined]
-        ranks = config.getoption("ranks")
-        if ranks > 1:  # one launch of `ranks` processes per case (seconds each: for a slice, not the matrix)
-            _, done = next(run_cases_ranked(target, [param.case], config._harness_expectations,  # type: ignore
-                                            ranks, config.getoption("case_timeout") or isolation.DEFAULT_TIMEOUT_S))
-        else:
-            done = run_case(target, param.case, config._harness_expectations,  # type: ignore[attr-defined]
-                            worker=_case_worker(config))
+        done = run_case(target, param.case, config._harness_expectations,  # type: ignore[attr-defined]
+                        worker=_case_worker(config))
         record = done.record
         record.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         record.gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "") if param.case.device.value == "cuda" else ""
@@ -248,14 +254,19 @@ def harness_run(request: pytest.FixtureRequest):
     return run_one
 
 
-def _case_worker(config: pytest.Config) -> isolation.CaseWorker | None:
-    """This process's isolated case worker, started on first use (None when not isolating)."""
-    if not config.getoption("isolate"):
-        return None
+def _case_worker(config: pytest.Config) -> "isolation.CaseWorker | RankGroup | None":
+    """This process's isolated case worker, started on first use (None when not isolating); with
+    ``--ranks N`` its group of N ranks (`ranks.RankGroup`, one launch for every case this
+    process runs: the ranks are processes of their own, isolated either way)."""
     worker = getattr(config, "_harness_worker", None)
-    if worker is None:
-        worker = isolation.CaseWorker(config.getoption("case_timeout") or isolation.DEFAULT_TIMEOUT_S)
-        config._harness_worker = worker  # type: ignore[attr-defined]
+    if worker is not None:
+        return worker
+    timeout = config.getoption("case_timeout") or isolation.DEFAULT_TIMEOUT_S
+    if config.getoption("ranks") > 1:
+        worker = RankGroup(config.getoption("ranks"), timeout, config.getoption("tp"), config.getoption("cp"))
+    elif config.getoption("isolate"):
+        worker = isolation.CaseWorker(timeout)
+    config._harness_worker = worker  # type: ignore[attr-defined]
     return worker
 
 

@@ -47,6 +47,7 @@ BUILTIN: dict[str, str] = {
     "megatron-graphsafe": "harness.impls.megatron:make_megatron_graphsafe",
     "transformer-engine": "harness.impls.transformer_engine:make_transformer_engine",
     "deepspeed": "harness.impls.deepspeed:make_deepspeed",
+    "deepspeed-partition": "harness.impls.deepspeed:make_deepspeed_partition",
     # torch's other checkpointing paths: selective (SAC) and compiled (the program under torch.compile).
     "torch-sac-recompute": "harness.impls.selective:make_sac_recompute",
     "torch-sac-save-rng": "harness.impls.selective:make_sac_save_rng",
@@ -59,6 +60,11 @@ BUILTIN: dict[str, str] = {
     "torch-composable": "harness.impls.torch_checkpoint:make_composable",
     "torch-compile": "harness.impls.compiled:make_compiled",
     "torch-compile-budget": "harness.impls.compiled:make_budget",
+    # torch's prototype regional budget (issue 39): aot_eager's min-cut partition and inductor, b = 0.5 and 0.0.
+    "torch-region-budget": "harness.impls.compiled:make_region_budget",
+    "torch-region-budget-0": "harness.impls.compiled:make_region_budget_0",
+    "torch-region-budget-inductor": "harness.impls.compiled:make_region_budget_inductor",
+    "torch-region-budget-inductor-0": "harness.impls.compiled:make_region_budget_inductor_0",
     # What frameworks choose for their users (issue 39): accelerate's FSDP2 activation checkpointing.
     "accelerate-fsdp2": "harness.impls.accelerate:make_fsdp2",
     "accelerate-fsdp2-offload": "harness.impls.accelerate:make_fsdp2_offload",

@@ -46,7 +46,10 @@ from typing import Any, Callable
 
 import torch
 
+from .. import rank_context
+from ..model import ops
 from ..model.cases import Case, Layout, Mode, Passing
+from ..model.programs import PER_RANK_AXES, Region
 from .base import Adapter
 from .packages import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
 
@@ -124,9 +127,17 @@ class DeepSpeedAdapter(PackageAdapter):
                 "(something replaced get_cuda_rng_tracker()'s object between make_tracker and checkpoint)"
             )
 
+    def _configure(self, checkpointing: Any) -> None:
+        """DeepSpeed's default configuration (no partitioning), put back where a partitioning
+        adapter in this process configured its module-level settings (`_configure_defaults`,
+        DeepSpeed's own reset)."""
+        if getattr(checkpointing, "PARTITION_ACTIVATIONS", False):
+            checkpointing._configure_defaults()
+
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         checkpointing = self.module()
         self._global_tracker_for(checkpointing, tracker)
+        self._configure(checkpointing)
         if reentrant:
             # DeepSpeed folds keywords into CheckpointFunction's positional arguments itself.
             return checkpointing.checkpoint(fn, *args, **kwargs)
@@ -135,5 +146,118 @@ class DeepSpeedAdapter(PackageAdapter):
         return checkpointing.non_reentrant_checkpoint(fn, *args)
 
 
+class _TensorParallelGroup:
+    """The mpu DeepSpeed's ``configure`` asks for: this rank's tensor-parallel group of the
+    `--ranks` layout (`rank_context`: the ranks sharing its CP and DP places)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        place = rank_context.current()
+        self.rank, self.size = place.tp_rank, place.tp
+        if place.tp == place.world:
+            self.group = dist.group.WORLD
+            return
+        # every rank creates every group, in one order (new_group is collective)
+        self.group = None
+        for start in range(0, place.world, place.tp):
+            ranks = list(range(start, start + place.tp))
+            made = dist.new_group(ranks)
+            if place.rank in ranks:
+                self.group = made
+
+    def get_model_parallel_rank(self) -> int:
+        return self.rank
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.size
+
+    def get_model_parallel_group(self) -> Any:
+        return self.group
+
+
+def _entered_after_rank_draw(case: Case) -> "str | None":
+    """The first region (its name) entered after a draw from a stream this rank layout seeds per
+    rank (its input may differ between ranks), or None."""
+    place = rank_context.current()
+    axes = rank_context.sizes(place.label())
+    differing = {code for code, names in PER_RANK_AXES.items() if any(axes[name] > 1 for name in names)}
+    code = case.streams()
+    drawn = False
+
+    def walk(items: Any) -> "str | None":
+        nonlocal drawn
+        for item in items:
+            if isinstance(item, Region):
+                if drawn:
+                    return item.name
+                found = walk(item.items)
+                if found:
+                    return found
+            elif ops.REGISTRY[item.op].draws and code[item.name] in differing:
+                drawn = True
+        return None
+
+    return walk(case.program.items())
+
+
+class DeepSpeedPartitionAdapter(DeepSpeedAdapter):
+    """DeepSpeed's checkpoint configured with ``partition_activations=True`` over the
+    tensor-parallel group: each rank keeps its slice of a region's saved inputs, the recompute
+    all-gathers them (issue 41)."""
+
+    name = "deepspeed-partition"
+    description = ("deepspeed.checkpointing with configure(mpu, partition_activations=True): each region's saved "
+                   "inputs split over the tensor-parallel group of --ranks N and all-gathered for the recompute")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mpu: _TensorParallelGroup | None = None
+
+    def supports(self, case: Case) -> str | None:
+        """As `deepspeed`, and only in a process group (`--ranks N`): there is nothing to split
+        the saved inputs over in one process."""
+        reason = super().supports(case)
+        if reason is not None:
+            return reason
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return ("partition_activations splits each region's saved inputs over the model-parallel group: "
+                    "it needs one (run with --ranks N)")
+        region = _entered_after_rank_draw(case)
+        if region is not None:
+            return (f"partition_activations gathers {region}'s input from every rank's slice, so it must be the "
+                    "same on every rank of the tensor-parallel group (a transformer layer's input is); here a draw "
+                    "from a stream seeded per rank comes before it")
+        return None
+
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        # Partitioning empties each tensor argument it splits (``arg.data = torch.empty([])``, to
+        # free it): DeepSpeed's contract is an activation made for the call that nothing reads
+        # after it, as in a transformer stack.  A clone is that tensor (autograd goes through it
+        # to the program's own, which later items and the gradient oracle still read).
+        def fresh(value: Any) -> Any:
+            return value.clone() if torch.is_tensor(value) and value.is_floating_point() else value
+
+        args = tuple(fresh(a) for a in args)  # keywords too: DeepSpeed folds them into its arguments
+        return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker,
+                                  **{k: fresh(v) for k, v in kwargs.items()})
+
+    def _configure(self, checkpointing: Any) -> None:
+        if self._mpu is None:
+            import deepspeed.comm as ds_comm
+
+            if not ds_comm.is_initialized():  # wraps the process group the rank worker made
+                ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+            self._mpu = _TensorParallelGroup()
+        if not getattr(checkpointing, "PARTITION_ACTIVATIONS", False) or checkpointing.mpu is not self._mpu:
+            checkpointing.configure(self._mpu, partition_activations=True)
+
+
 def make_deepspeed() -> Adapter:
     return DeepSpeedAdapter()
+
+
+def make_deepspeed_partition() -> Adapter:
+    return DeepSpeedPartitionAdapter()

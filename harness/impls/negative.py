@@ -174,29 +174,29 @@ class RankZeroSnapshotPolicy(ValuePolicy):
 
 
 class RankReseedPolicy(ValuePolicy):
-    """Bug: at the recompute, re-derives each tracker stream seeded per TP rank from the seed
-    every rank shares (the stream's seed without its TP-rank offset, as code that reseeds from
-    the model's seed would), at the right position: the recompute of every rank draws what TP
-    rank 0 drew.  A CUDA generator's state is (seed, Philox offset), so the stream is rebuilt
+    """Bug: at the recompute, re-derives each tracker stream seeded per rank (per TP or CP rank)
+    from the seed every rank shares (the stream's seed without its rank offset, as code that
+    reseeds from the model's seed would), at the right position: the recompute of every rank
+    draws what rank 0 drew.  A CUDA generator's state is (seed, Philox offset), so the stream is rebuilt
     locally; a CPU generator's state has no offset, so there rank 0's snapshot of the stream,
     the same numbers, stands in (a broadcast at every snapshot)."""
 
-    def _per_rank(self, tracker: Any) -> list[torch.Generator]:
-        from ..rank_context import PER_TP_RANK
+    def _per_rank(self, tracker: Any) -> list[tuple[str, torch.Generator]]:
+        from ..rank_context import STREAM_AXES
 
         names = tracker.names() if tracker is not None and hasattr(tracker, "names") else []
-        return [tracker.generator(name) for name in names if name in PER_TP_RANK]
+        return [(name, tracker.generator(name)) for name in names if name in STREAM_AXES]
 
     def snapshot(self, tracker: Any) -> Any:
         taken = super().snapshot(tracker)
         streams = self._per_rank(tracker) if _group_world() > 1 else []
-        cpu = [gen for gen in streams if gen.device.type == "cpu"]
+        cpu = [gen for _, gen in streams if gen.device.type == "cpu"]
         shared = list(zip(cpu, _from_rank_zero([gen.get_state() for gen in cpu]))) if cpu else []
-        cuda = [gen for gen in streams if gen.device.type == "cuda"]
+        cuda = [(name, gen) for name, gen in streams if gen.device.type == "cuda"]
         return taken, shared, cuda
 
     def rewind(self, snapshot: Any) -> Any:
-        from ..rank_context import TP_SEED_STRIDE, current
+        from ..rank_context import current
 
         taken, shared, cuda = snapshot
         before = super().rewind(taken)
@@ -204,9 +204,9 @@ class RankReseedPolicy(ValuePolicy):
             gen.set_state(value)
         if cuda and torch.cuda.is_current_stream_capturing():
             cuda = []  # get_offset raises during capture: eager only, under capture it is a control of values
-        for gen in cuda:
+        for name, gen in cuda:
             offset = gen.get_offset()
-            gen.manual_seed(gen.initial_seed() - TP_SEED_STRIDE * current().tp_rank)
+            gen.manual_seed(gen.initial_seed() - current().seed_offset(name))
             gen.set_offset(offset)
         return before
 

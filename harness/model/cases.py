@@ -127,7 +127,7 @@ def layout_stream(layout: Layout, index: int) -> str:
 # The streams a layout's sites may draw from.  The layout in a case id says what the sites do,
 # also for spec programs whose sites name their streams (`_stream_reason`).
 LAYOUT_STREAMS = {
-    Layout.DEFAULT: "d", Layout.UNTRACKED: "d", Layout.TRACKED: "t", Layout.MIXED: "dt", Layout.SHARED: "dtab",
+    Layout.DEFAULT: "d", Layout.UNTRACKED: "d", Layout.TRACKED: "tcm", Layout.MIXED: "dtcm", Layout.SHARED: "dtab",
 }
 
 

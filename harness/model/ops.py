@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from .programs import ATTENTION_VIEWS, SDPA_OPS, SHAPES, TORCH_DTYPES, Dtype, Op, Shape
+from .programs import ATTENTION_VIEWS, SDPA_OPS, SHAPES, TORCH_DTYPES, Dtype, Op, Passing, Shape
 
 DROPOUT_P = 0.5
 
@@ -153,6 +153,14 @@ def _attention_spec(op: Op) -> OpSpec:
                   reproducible=op is Op.SDPA_MATH)
 
 
+# Ops whose record is the draw itself (a mask, a random tensor, sampled indices): a stream at the
+# same state draws the same record again, whatever the site's input.  The others record their
+# output, which depends on their input as well (F.dropout, attention): the same mask under another
+# input is no stale record, and ranks whose inputs differ record different outputs.
+RECORDS_THE_DRAW = frozenset(op.value for op in (
+    Op.NATIVE_DROPOUT, Op.BERNOULLI, Op.RAND, Op.RANDN, Op.RAND_LIKE, Op.RANDN_LIKE, Op.RANDINT, Op.NORMAL,
+    Op.UNIFORM, Op.MULTINOMIAL, Op.RANDPERM, Op.POISSON, Op.EXPONENTIAL))
+
 REGISTRY: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.NATIVE_DROPOUT, _native_dropout, "the dropout mask torch.native_dropout returns"),
     OpSpec(Op.DROPOUT, _dropout, "F.dropout's output"),
@@ -184,6 +192,21 @@ REGISTRY: dict[Op, OpSpec] = {spec.op: spec for spec in (
     OpSpec(Op.SDPA_AUTO, _sdpa_auto, "the attention output on the backend the SDPA flags choose (nothing is drawn)",
            draws=False, deterministic_mode=True, reproducible=False),
 )}
+
+
+# The dropout pattern of a compiled run (`harness.run.compiled`): ops whose zeros are their mask's
+# zeros (or that draw nothing), and passings whose region mixes elements before its sites (autocast
+# starts with a matmul) or picks an attention backend: there a zero no longer marks a dropped element.
+PATTERN_OPS = frozenset({Op.NATIVE_DROPOUT, Op.DROPOUT, Op.DROPOUT_INPLACE, Op.DROPOUT_P0, Op.NODRAW})
+MIXING_PASSINGS = frozenset({Passing.AUTOCAST, Passing.SDPA_KERNEL})
+
+
+def has_pattern(program: Any) -> bool:
+    """True when the zeros of `program`'s final activation and input gradient are its dropout
+    masks' zeros: every site a dropout (or a site that draws nothing), some site draws, no region
+    mixes elements (what a compiled run compares instead of per-site masks)."""
+    return (program.ops() <= PATTERN_OPS and not (program.passings() & MIXING_PASSINGS)
+            and any(REGISTRY[op].draws for op in program.ops()))
 
 
 @contextlib.contextmanager

@@ -68,11 +68,16 @@ class ProgramError(UsageError):
 
 
 # Where a site draws from, as a spec writes it (`harness.model.spec`): the device's default generator,
-# the tracked stream, or one of the shared pair (b is an alias of a).  A site without one draws
-# from what the case's layout gives its index (`cases.layout_stream`).
-STREAMS = {"d": "the default generator", "t": "the tracked stream", "a": "shared stream a",
+# the tracked stream, Megatron's context-parallel or model-and-context-parallel stream (seeded per
+# CP rank, per TP and CP rank: `rank_context`), or one of the shared pair (b is an alias of a).  A
+# site without one draws from what the case's layout gives its index (`cases.layout_stream`).
+STREAMS = {"d": "the default generator", "t": "the tracked stream", "c": "the context-parallel stream",
+           "m": "the model-and-context-parallel stream", "a": "shared stream a",
            "b": "shared stream b (an alias of a)"}
 DEFAULT_STREAM = "d"
+# Under `--ranks` the streams seeded per rank, by code, and the axes their seeds depend on (by
+# name: `rank_context.STREAM_AXES`).
+PER_RANK_AXES = {"t": ("tp",), "c": ("cp",), "m": ("tp", "cp")}
 TRACKER_STREAMS = frozenset(STREAMS) - {DEFAULT_STREAM}  # the streams a tracker holds
 
 

@@ -14,6 +14,7 @@ import shlex
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..axes import AXES
+from ..rank_context import sizes
 from ..results import AS_BUILT, FAILED_OUTCOMES, SKIPPED_OUTCOMES, Mismatch
 from .env import env_key, env_labels
 
@@ -90,7 +91,22 @@ def repro_command(record: Mapping[str, Any]) -> str:
         return module_command(str(record["factory"]), str(record["impl"]), str(record.get("device", "cpu")),
                               str(record.get("capture", "eager")), str(record.get("mode", "nonreentrant")),
                               record.get("wrap") or [], record.get("iterations"))
-    return f"python -m harness repro {shlex.quote(str(record['case_id']))} --impl {shlex.quote(str(record['impl']))}"
+    case, impl = shlex.quote(str(record["case_id"])), shlex.quote(str(record["impl"]))
+    ranks = int(record.get("ranks") or 1)
+    if ranks > 1:  # repro runs one process: a case of several ranks reruns alone through run
+        return f"python -m harness run --impl {impl} --case {case} {rank_flags(ranks, record.get('rank_layout'))}"
+    return f"python -m harness repro {case} --impl {impl}"
+
+
+def rank_flags(ranks: int, layout: "str | None") -> str:
+    """The command-line flags that give `ranks` ranks in `layout` (`RankContext.label`: tp2 or
+    tp2xcp1xdp2), e.g. ``--ranks 4 --tp 2``."""
+    flags = f"--ranks {ranks}"
+    if not layout or layout == f"tp{ranks}":
+        return flags
+    axes = sizes(layout)
+    flags += f" --tp {axes['tp']}" if axes["tp"] != ranks else ""
+    return flags + (f" --cp {axes['cp']}" if axes["cp"] != 1 else "")
 
 
 def module_command(factory: str, impl: str, device: str, capture: "enum.Enum | str", mode: "enum.Enum | str",

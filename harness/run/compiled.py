@@ -34,25 +34,20 @@ from ..check.oracles import check
 from ..check.records import FORWARD, LOSS, RECOMPUTE, MaskLog, RunRecord
 from ..check.reference import ReferenceCheckError, _constant
 from ..model import ops
-from ..model.cases import Case, Passing
-from ..model.programs import Op, Region
+from ..model.cases import Case
+from ..model.programs import Region
 from .streams import preserved_global_rng, snapshot_streams
 from .workload import CheckpointFn, Tensors, Workload, _entered, seed_all, torch_dtype
 
 PATTERN = "pattern"  # the pseudo-site of the dropout pattern
-PATTERN_OPS = frozenset({Op.NATIVE_DROPOUT, Op.DROPOUT, Op.DROPOUT_INPLACE, Op.DROPOUT_P0, Op.NODRAW})
-# Passings whose region mixes elements before its sites (autocast starts with a matmul) or picks
-# an attention backend: there a zero no longer marks a dropped element.
-MIXING_PASSINGS = frozenset({Passing.AUTOCAST, Passing.SDPA_KERNEL})
+PATTERN_OPS, MIXING_PASSINGS = ops.PATTERN_OPS, ops.MIXING_PASSINGS  # (the model layer's: models read them too)
 
 
 def has_pattern(case: Case) -> bool:
     """True when the zeros of `case`'s final activation and input gradient are its dropout masks'
     zeros: every site a dropout (or a site that draws nothing), some site draws, no region mixes
-    elements."""
-    program = case.program
-    return (program.ops() <= PATTERN_OPS and not (program.passings() & MIXING_PASSINGS)
-            and any(ops.REGISTRY[op].draws for op in program.ops()))
+    elements (`ops.has_pattern`)."""
+    return ops.has_pattern(case.program)
 
 
 class CompiledWorkload(Workload):

@@ -165,7 +165,8 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
     ``expected_outcome``, ``expected_oracles``, ``expected_entry`` (the bug's name, or 'entry N')."""
     record = result.record()
     record.impl = target.name
-    machine = Machine()
+    # a run of several ranks: its layout is what the rank models ask (the parent is no rank itself)
+    machine = Machine({"ranks.layout": result.rank_layout} if result.ranks > 1 else None)
     entry = expectations_mod.find(entries, target.name, result.case, version=record.impl_version, machine=machine,
                                   ranks=result.ranks)  # a run of several ranks: the entries for that many
     if machine.asked:  # what the models asked of this torch: an audit elsewhere replays the same answers
@@ -207,10 +208,11 @@ def run_case(target: Target, case: Case, entries: Sequence[expectations_mod.Expe
 
 
 def run_cases_ranked(target: Target, cases: Sequence[Case], entries: Sequence[expectations_mod.Expectation],
-                     ranks: int, case_timeout: float) -> Iterator[tuple[int, CaseRun]]:
+                     ranks: int, case_timeout: float, tp: int = 0, cp: int = 1) -> Iterator[tuple[int, CaseRun]]:
     """(position in `cases`, its judged run) for every case, each run by `target` on `ranks`
-    ranks (`ranks.run_ranked`: one launch for all of them); never raises for the impl's faults."""
-    for position, result in run_ranked(target.name, cases, ranks, case_timeout):
+    ranks split `tp` x `cp` x DP (`ranks.run_ranked`: one launch for all of them while no rank
+    fails); never raises for the impl's faults."""
+    for position, result in run_ranked(target.name, cases, ranks, case_timeout, tp=tp, cp=cp):
         result.impl_version = adapter_version(target.adapter)
         yield position, CaseRun(result, judged_record(result, target, entries))
 

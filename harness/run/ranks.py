@@ -1,14 +1,18 @@
-"""`--ranks N` (issue 41): each case runs in N processes that form one tensor-parallel group,
-started through torch.distributed's own launcher, and its verdict is all ranks'.
+"""`--ranks N` (issue 41): each case runs in N processes that form one parallel layout (TP x CP
+x DP, `rank_context`), started through torch.distributed's own launcher, and its verdict is all
+ranks'.
 
-`run_ranked` starts ``python -m torch.distributed.run --standalone --nproc-per-node N -m
-harness.run.rank_worker`` once for a list of cases (one launch, not one per case: starting N
-processes that import torch costs seconds) and reads what the ranks append as they go
-(`rank_worker`).  A case's result combines its ranks (`combine`): every rank's own oracles (each
-rank's checkpointed run against its own reference, mismatches marked with the rank) plus the
-cross-rank oracle ``rank-streams``.  A launch that dies is that case's crash, one that stops
-making progress for the case time limit its timeout: the launcher and every rank below it are
-killed (no rank is left running) and a new launch takes the cases after it.
+A `RankGroup` keeps one launch (``python -m torch.distributed.run --standalone --nproc-per-node
+N -m harness.run.rank_worker``) running between cases: starting N processes that import torch
+costs seconds, so the ranks follow a queue file the group appends cases to (`rank_worker`), and
+the group reads what they append as they go (only the new bytes of each file per poll).
+`run_ranked` queues a whole list at once (the matrix); the fuzzer queues one program at a time
+through `RankGroup.run`, the interface of an isolated case worker.  A case's result combines its
+ranks (`combine`): every rank's own oracles (each rank's checkpointed run against its own
+reference, mismatches marked with the rank) plus the cross-rank oracle ``rank-streams``.  A
+launch that dies is that case's crash, one that stops making progress for the case time limit
+its timeout: the launcher and every rank below it are killed (no rank is left running) and a new
+launch takes the cases queued after it.
 """
 
 from __future__ import annotations
@@ -20,49 +24,50 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
-from typing import Any, Generator, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..model.cases import Case
+from ..rank_context import RankContext, layout_problem
 from ..results import Mismatch, Outcome
 from .runner import CaseResult, result_from_dict
 
-POLL_S = 0.05
+POLL_S = 0.002  # the fuzzer waits on every case: poll often (a poll reads only new bytes)
 # The launcher's start (N processes importing torch, joining the group) is not the first case's
 # time: until a rank starts a case the limit is this, or the case limit where that is longer.
 STARTUP_S = 120.0
 LAUNCHER = ("-m", "torch.distributed.run", "--standalone", "--max-restarts=0")
+STOP_WAIT_S = 30.0  # how long ranks asked to stop may take before they are killed
 
 
-def _progress(folder: Path, ranks: int) -> tuple[list[dict[int, dict[str, Any]]], set[int]]:
-    """What the ranks have written so far, one read of each file: per rank, case index -> its
-    result line; and the case indexes some rank has started."""
-    results: list[dict[int, dict[str, Any]]] = []
-    started: set[int] = set()
-    for rank in range(ranks):
-        found: dict[int, dict[str, Any]] = {}
-        path = folder / f"rank{rank}.jsonl"
-        for line in path.read_text().splitlines() if path.exists() else []:
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a line still being written
-            started.add(data["index"])
-            if "result" in data:
-                found[data["index"]] = data
-        results.append(found)
-    return results, started
+class _RankFile:
+    """One rank's output file, read incrementally: only the bytes added since the last read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.position, self.partial = path, 0, b""
+
+    def new_lines(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as source:
+                source.seek(self.position)
+                data = source.read()
+        except FileNotFoundError:
+            return []
+        self.position += len(data)
+        *whole, self.partial = (self.partial + data).split(b"\n")  # the last piece: a line being written
+        return [json.loads(line) for line in whole if line.strip()]
 
 
-def combine(case: Case, impl: str, lines: Sequence[dict[str, Any]]) -> CaseResult:
+def combine(case: Case, impl: str, lines: Sequence[dict[str, Any]], layout: str = "") -> CaseResult:
     """One case's result from its ranks' lines (rank order): an error or an unsupported answer of
-    any rank is the case's (naming the rank); else its mismatches are every rank's own (subject
+    any rank is the case's (naming the ranks after the message); else its mismatches are every rank's own (subject
     marked ``@rank R``) and the cross-rank ones; the reference breaking the rank layout is the
     harness's setup failing, an error."""
     per = [result_from_dict(line["result"]) for line in lines]
     first = per[0]
     result = CaseResult(case, impl, Outcome.PASS, impl_version=first.impl_version, iterations=first.iterations,
-                        ranks=len(per), duration_s=max(r.duration_s for r in per))
+                        ranks=len(per), rank_layout=layout, duration_s=max(r.duration_s for r in per))
     result.per_rank = [{"rank": n, "outcome": r.outcome.value, "oracles": sorted({m.oracle for m in r.mismatches}),
                         **({"error": r.error} if r.error else {}), **({"reason": r.reason} if r.reason else {})}
                        for n, r in enumerate(per)]
@@ -72,7 +77,10 @@ def combine(case: Case, impl: str, lines: Sequence[dict[str, Any]]) -> CaseResul
             n, r = hit[0]
             result.outcome = outcome
             result.reason, result.traceback = r.reason, r.traceback
-            result.error = f"rank {n}: {r.error}" if r.error else ""
+            # which ranks, after the message: an entry's message matches from its start
+            alike = [m for m, other in enumerate(per) if other.outcome is outcome and other.error == r.error]
+            where = "every rank" if len(alike) == len(per) else f"rank {', '.join(map(str, alike))}"
+            result.error = f"{r.error} [{where}]" if r.error else ""
             return result
     crossed = [Mismatch.from_dict(m) for m in lines[0].get("cross_reference", [])]
     if crossed:
@@ -88,13 +96,13 @@ def combine(case: Case, impl: str, lines: Sequence[dict[str, Any]]) -> CaseResul
     return result
 
 
-def _failed(case: Case, impl: str, ranks: int, outcome: Outcome, error: str,
+def _failed(case: Case, impl: str, layout: RankContext, outcome: Outcome, error: str,
             exits: "dict[int, int] | None" = None) -> CaseResult:
     """A case no rank finished; `exits`: each rank's exit code where the launcher reported it (a
     rank the launcher stopped after another died shows SIGTERM: -15)."""
-    result = CaseResult(case, impl, outcome, error=error, ranks=ranks)
+    result = CaseResult(case, impl, outcome, error=error, ranks=layout.world, rank_layout=layout.label())
     result.per_rank = []
-    for n in range(ranks):
+    for n in range(layout.world):
         code = (exits or {}).get(n)
         entry: dict[str, Any] = {"rank": n, "outcome": outcome.value}
         if code is not None:
@@ -135,77 +143,179 @@ def _tail(path: Path, lines: int = 6) -> str:
     return " | ".join((picked or text)[-lines:])
 
 
-def run_ranked(impl: str, cases: Sequence[Case], ranks: int, case_timeout: float,
-               iterations: "int | None" = None) -> Iterator[tuple[int, CaseResult]]:
-    """(position in `cases`, result) for every case, run by `impl` on `ranks` ranks, in order.
-    Never raises for a rank that dies or hangs: that case is a crash or a timeout."""
-    if ranks < 2:
-        raise ValueError("run_ranked needs at least two ranks")
-    position = 0
-    while position < len(cases):
-        position = yield from _launch(impl, cases, position, ranks, case_timeout, iterations)
+class _Launch:
+    """One running launch: its folder and queue, the launcher process, what its ranks wrote."""
 
-
-def _launch(impl: str, cases: Sequence[Case], position: int, ranks: int, case_timeout: float,
-            iterations: "int | None") -> Generator[tuple[int, CaseResult], None, int]:
-    """One launch for the cases from `position` on; returns where the next launch starts (after a
-    crash or timeout) or the end."""
-    todo = list(range(position, len(cases)))
-    with tempfile.TemporaryDirectory(prefix="harness-ranks-") as tmp:
-        folder = Path(tmp)
-        spec = folder / "spec.json"
-        spec.write_text(json.dumps({"impl": impl, "indexes": todo, "cases": [cases[i].id for i in todo],
-                                    "iterations": iterations}))
-        log = folder / "launcher.log"
+    def __init__(self, layout: RankContext) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="harness-ranks-")
+        self.folder = Path(self._tmp.name)
+        self.log = self.folder / "launcher.log"
+        spec = self.folder / "spec.json"
+        spec.write_text(json.dumps({"tp": layout.tp, "cp": layout.cp, "parent": os.getpid()}))
+        self.queue = open(self.folder / "queue.jsonl", "a", buffering=1)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               "TORCHELASTIC_ERROR_FILE": str(folder / "error.json")}
-        with open(log, "w") as sink:
-            process = subprocess.Popen(
-                [sys.executable, *LAUNCHER, f"--nproc-per-node={ranks}", "-m", "harness.run.rank_worker",
-                 str(spec), str(folder)], stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        done: set[int] = set()
-        since, started = time.monotonic(), -1  # the clock of the case in progress, which case it times
+               "TORCHELASTIC_ERROR_FILE": str(self.folder / "error.json")}
+        with open(self.log, "w") as sink:
+            self.process = subprocess.Popen(
+                [sys.executable, *LAUNCHER, f"--nproc-per-node={layout.world}", "-m", "harness.run.rank_worker",
+                 str(spec), str(self.folder)], stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.files = [_RankFile(self.folder / f"rank{rank}.jsonl") for rank in range(layout.world)]
+        self.results: list[dict[int, dict[str, Any]]] = [{} for _ in range(layout.world)]
+        self.started: set[int] = set()
+
+    def send(self, order: dict[str, Any]) -> None:
+        self.queue.write(json.dumps(order) + "\n")
+
+    def read(self) -> None:
+        """Take in the lines the ranks added since the last read."""
+        for rank, file in enumerate(self.files):
+            for data in file.new_lines():
+                self.started.add(data["index"])
+                if "result" in data:
+                    self.results[rank][data["index"]] = data
+
+    def finished(self, index: int) -> bool:
+        return all(index in per for per in self.results)
+
+    def take(self, index: int) -> list[dict[str, Any]]:
+        return [per.pop(index) for per in self.results]
+
+    def close(self, kill: bool) -> None:
+        """Stop the ranks (asked to with a stop line, or killed) and remove the folder."""
         try:
-            while True:
-                lines, started_cases = _progress(folder, ranks)
-                for index in todo:
-                    if index not in done and all(index in per for per in lines):
-                        done.add(index)
-                        since = time.monotonic()
-                        yield index, combine(cases[index], impl, [per[index] for per in lines])
-                pending = [i for i in todo if i not in done]
-                if not pending:
-                    process.wait()
-                    return len(cases)
-                current = pending[0]
-                if started != current and current in started_cases:
-                    since, started = time.monotonic(), current  # its own time starts when a rank starts it
-                code = process.poll()
-                if code is not None:
-                    # (the ranks write before they exit: read once more before calling it a crash)
-                    lines, started_cases = _progress(folder, ranks)
-                    if all(current in per for per in lines):
-                        continue
-                    where = "while running it" if current in started_cases else "before it started"
-                    exits = _exits(log)
-                    dead = [f"rank {n} (exit code {c})" for n, c in sorted(exits.items()) if c != -signal.SIGTERM]
-                    who = f"{', '.join(dead)} died" if dead else "a rank died"
-                    yield current, _failed(cases[current], impl, ranks, Outcome.CRASH,
-                                           f"{who} {where}; the launcher stopped the others (launcher exit {code}): "
-                                           f"{_tail(log)}", exits)
-                    return current + 1
-                limit = case_timeout if started == current else max(case_timeout, STARTUP_S)
-                if time.monotonic() - since > limit:
-                    _kill(process)
-                    what = (f"not every rank finished the case within {case_timeout:g} s" if started == current
-                            else f"no rank started the case within {limit:g} s of the last")
-                    yield current, _failed(cases[current], impl, ranks, Outcome.TIMEOUT,
-                                           f"{what}: every rank and the launcher were killed")
-                    return current + 1
-                time.sleep(POLL_S)
+            if not kill and self.process.poll() is None:
+                self.send({"stop": True})
+                try:
+                    self.process.wait(STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.process.poll() is None:
+                _kill(self.process)
         finally:
-            if process.poll() is None:
-                _kill(process)
+            self.queue.close()
+            self._tmp.cleanup()
+
+
+class RankGroup:
+    """N ranks that stay running between cases, in one layout (`tp` x `cp` x DP; tp 0: all).
+
+    `submit` queues a case, `next_result` answers the oldest queued case; `run` is both, with
+    the interface of `isolation.CaseWorker`, so the fuzzer drives a group as it drives a worker.
+    Never raises for a rank that dies or hangs: that case is a crash or a timeout, the launch is
+    killed and the cases queued after it go to a new one.
+    """
+
+    def __init__(self, ranks: int, case_timeout: float, tp: int = 0, cp: int = 1) -> None:
+        if ranks < 2:
+            raise ValueError("a rank group needs at least two ranks")
+        problem = layout_problem(ranks, tp, cp)
+        if problem:
+            raise ValueError(problem)
+        self.case_timeout = case_timeout
+        self.layout = RankContext(0, ranks, tp, cp)
+        self.restarts = 0  # launches replaced after a crash or a timeout
+        self._launch: _Launch | None = None
+        self._queued: deque[tuple[Case, dict[str, Any]]] = deque()
+        self._next_index = 0
+        self._since = time.monotonic()  # the clock of the oldest queued case
+        self._timing = -1  # the index whose own clock (since a rank started it) `_since` is
+
+    def __enter__(self) -> "RankGroup":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the ranks now (they import torch: seconds), without waiting for them."""
+        if self._launch is None:
+            self._launch = _Launch(self.layout)
+            self._since, self._timing = time.monotonic(), -1
+            for _, order in self._queued:  # what a replaced launch left undone
+                self._launch.send(order)
+
+    def submit(self, case: Case, impl: str, iterations: "int | None" = None) -> None:
+        """Queue `case` for `impl` (`iterations`: the program's where None)."""
+        if not self._queued:
+            self._since, self._timing = time.monotonic(), -1
+        order = {"index": self._next_index, "case": case.id, "impl": impl, "iterations": iterations}
+        self._next_index += 1
+        self._queued.append((case, order))
+        if self._launch is None:
+            self.start()  # sends every queued order, this one included
+        else:
+            self._launch.send(order)
+
+    def run(self, case: Case, impl: str, iterations: "int | None" = None) -> CaseResult:
+        """Run `case` for `impl` on every rank and combine them (what `CaseWorker.run` promises)."""
+        self.submit(case, impl, iterations)
+        return self.next_result()
+
+    def next_result(self) -> CaseResult:
+        """The result of the oldest queued case, when every rank has it or the launch failed it."""
+        if not self._queued:
+            raise ValueError("no case is queued")
+        case, order = self._queued[0]
+        index, impl = order["index"], order["impl"]
+        launch = self._launch
+        assert launch is not None
+        while True:
+            launch.read()
+            if launch.finished(index):
+                self._queued.popleft()
+                self._since, self._timing = time.monotonic(), -1
+                return combine(case, impl, launch.take(index), self.layout.label())
+            if self._timing != index and index in launch.started:
+                self._since, self._timing = time.monotonic(), index  # its own time starts when a rank starts it
+            code = launch.process.poll()
+            if code is not None:
+                launch.read()  # the ranks write before they exit: read once more before calling it a crash
+                if launch.finished(index):
+                    continue
+                where = "while running it" if index in launch.started else "before it started"
+                exits = _exits(launch.log)
+                dead = [f"rank {n} (exit code {c})" for n, c in sorted(exits.items()) if c != -signal.SIGTERM]
+                who = f"{', '.join(dead)} died" if dead else "a rank died"
+                error = (f"{who} {where}; the launcher stopped the others (launcher exit {code}): "
+                         f"{_tail(launch.log)}")
+                return self._replace(_failed(case, impl, self.layout, Outcome.CRASH, error, exits))
+            limit = self.case_timeout if self._timing == index else max(self.case_timeout, STARTUP_S)
+            if time.monotonic() - self._since > limit:
+                what = (f"not every rank finished the case within {self.case_timeout:g} s" if self._timing == index
+                        else f"no rank started the case within {limit:g} s of the last")
+                return self._replace(_failed(case, impl, self.layout, Outcome.TIMEOUT,
+                                             f"{what}: every rank and the launcher were killed"))
+            time.sleep(POLL_S)
+
+    def _replace(self, failed: CaseResult) -> CaseResult:
+        """The oldest case failed its launch: kill the launch, start a new one for the rest."""
+        self._queued.popleft()
+        if self._launch is not None:
+            self._launch.close(kill=True)
+        self._launch = None
+        self.restarts += 1
+        if self._queued:
+            self.start()
+        return failed
+
+    def close(self) -> None:
+        """Stop the ranks (idempotent); cases still queued are dropped."""
+        self._queued.clear()
+        if self._launch is not None:
+            launch, self._launch = self._launch, None
+            launch.close(kill=False)
+
+
+def run_ranked(impl: str, cases: Sequence[Case], ranks: int, case_timeout: float,
+               iterations: "int | None" = None, tp: int = 0, cp: int = 1) -> Iterator[tuple[int, CaseResult]]:
+    """(position in `cases`, result) for every case, run by `impl` on `ranks` ranks (split `tp` x
+    `cp` x DP), in order, one launch for all of them while no rank fails.  Never raises for a
+    rank that dies or hangs: that case is a crash or a timeout."""
+    with RankGroup(ranks, case_timeout, tp, cp) as group:
+        for case in cases:
+            group.submit(case, impl, iterations)
+        for position in range(len(cases)):
+            yield position, group.next_result()
 
 
 def _descendants(pid: int) -> list[int]:

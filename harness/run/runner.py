@@ -52,6 +52,7 @@ class CaseResult:
     masks: dict[str, Any] = field(default_factory=dict, repr=False)
     # A run of several ranks (`harness.run.ranks`): how many, and per rank what differed.
     ranks: int = 1
+    rank_layout: str = ""  # `RankContext.label`: tp2, tp2xcp1xdp2
     per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -73,7 +74,8 @@ class CaseResult:
             reason=self.reason, error=self.error, traceback=self.traceback, mismatches=list(self.mismatches),
             duration_s=self.duration_s, timings=dict(self.timings), iterations=self.iterations)
         if self.ranks > 1:
-            record.extra.update(ranks=self.ranks, per_rank=list(self.per_rank))
+            record.extra.update(ranks=self.ranks, rank_layout=self.rank_layout or f"tp{self.ranks}",
+                                per_rank=list(self.per_rank))
         return record
 
     def to_dict(self) -> dict[str, Any]:

@@ -53,7 +53,8 @@ Point = Callable[[str], None]  # the run reached a point where its ambient state
 
 
 # A `programs.STREAMS` code -> the tracker stream it names (None: the default generator).
-STREAM_NAMES = {"d": None, "t": TRACKED_STREAM, "a": SHARED_STREAMS[0], "b": SHARED_STREAMS[1]}
+STREAM_NAMES = {"d": None, "t": TRACKED_STREAM, "c": "context-parallel-rng", "m": "model-and-context-parallel-rng",
+                "a": SHARED_STREAMS[0], "b": SHARED_STREAMS[1]}
 
 
 def case_streams(case: Case) -> dict[str, str | None]:

@@ -153,7 +153,8 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation],
         torch_version = (record.get("env") or {}).get("torch")
         shown = f"{record.get('case_id')}: {_failure(record, fired) if outcome != 'pass' else 'pass'}"
         machine = record_machine(record, facts)
-        entry = find(entries, impl, case, version=version, torch_version=torch_version, machine=machine)
+        ranks = int(record.get("ranks") or 1)  # an entry with `ranks` claims only runs of that many
+        entry = find(entries, impl, case, version=version, torch_version=torch_version, machine=machine, ranks=ranks)
         verdict = judge(outcome, fired, error, entry, impl=impl).verdict
         if entry is not None:
             found = result.entry(impl, entry)
@@ -167,7 +168,8 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation],
         if verdict == "pass":
             result.unclaimed_passes += 1
             continue
-        expecting = expecting_entry(entries, impl, outcome, fired, error, version, torch_version, case, machine)
+        expecting = expecting_entry(entries, impl, outcome, fired, error, version, torch_version, case, machine,
+                                    ranks)
         if expecting is None:
             result.new.append(f"{impl} {shown}")
         else:
@@ -177,16 +179,17 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation],
 
 def expecting_entry(entries: Sequence[Expectation], impl: str, outcome: str, fired: Sequence[str], error: str,
                     version: "str | None" = None, torch_version: "str | None" = None, case: Any = None,
-                    machine: "Machine | None" = None) -> Expectation | None:
+                    machine: "Machine | None" = None, ranks: int = 1) -> Expectation | None:
     """The entry of `impl` (at `version`, on `torch_version`) that expects just this failure though
     its cases do not reach the case: its outcome, its oracles among `fired`, its message.  A model
     entry expects it where its model alone, outside the entry's scope (its facts and patterns),
     predicts this failure for `case`; without a case, no model entry does.  Of several, the one
     naming the most oracles (the first in the file among equals); None when no entry expects it.
-    A pointer for a reader, never a verdict: the case stays a failure."""
+    `ranks`: how many ranks the run had (an entry for more never expects it).  A pointer for a
+    reader, never a verdict: the case stays a failure."""
     expecting = []
     for entry in entries:
-        if (not fnmatch.fnmatchcase(impl, entry.impl) or entry.expects_pass
+        if (not fnmatch.fnmatchcase(impl, entry.impl) or entry.expects_pass or entry.ranks > ranks
                 or not entry.applies_to(version, torch_version)):
             continue
         if entry.model is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ..model import ops
 from ..model.cases import Case
 from ..model.programs import SDPA_OPS, Dtype, Op, Passing, Region, Site, reading_groups
 from .replay import backward_order, draws, enclosing_regions, recompute_points, unpack_order
@@ -30,7 +31,7 @@ IN_PLACE = {
 }
 
 
-TRACKER_CODES = frozenset("tab")  # the stream codes a tracker holds (`programs.STREAMS`)
+TRACKER_CODES = frozenset("tcmab")  # the stream codes a tracker holds (`programs.STREAMS`)
 
 
 PINNED = {Op.SDPA_MATH: "math", Op.SDPA_EFFICIENT: "efficient", Op.SDPA_FLASH: "flash", Op.SDPA_CUDNN: "cudnn"}
@@ -75,6 +76,8 @@ class Effects:
     nested_frames: bool = False  # `nested-frames`: an inner region's inputs sit in its enclosing frame
     # `host-rewind` in a separate-graphs CUDA case: (per-capture device tensors, entry index)
     host_rewind: "tuple[bool, int] | None" = None
+    # `rank-zero-rewind`: the streams seeded per rank that a recompute rewinds to rank 0's state, entry index
+    rank_zero: "tuple[frozenset[str], int] | None" = None
     # `input-keyed-snapshots` (eager): region (id) -> the tensor it is called with, entry index
     input_keys: "tuple[dict[int, int], int] | None" = None
     raised: list[tuple[Raised, int]] = field(default_factory=list)
@@ -94,9 +97,9 @@ def _kinds(streams: Iterable[str], device: str) -> frozenset[str]:
     out = set()
     for kind in streams:
         if kind == "all":
-            out |= {"t", "a", "cpu", "d"}
+            out |= {"t", "c", "m", "a", "cpu", "d"}
         elif kind == "tracker":
-            out |= {"t", "a"}
+            out |= {"t", "c", "m", "a"}
         elif kind == "device":
             out.add("cpu" if device == "cpu" else "d")
         else:
@@ -180,6 +183,13 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
                     effects.raised.append((Raised(RECOMPUTE, order[hit.name], message,
                                                   f"{hit.name} ({hit.op.value}) is saved by the policy of "
                                                   f"{region.name} and changed in place after", hit.index), index))
+        elif name == "refuses-input" and model.get("recompute", False):
+            passings = {Passing(p) for p in model.get("passing")}
+            for region in program.all_regions():  # every such region recomputed on its own raises there
+                if region.passing in passings and any(not isinstance(item, Region) for item in region.items):
+                    effects.raised.append((Raised(RECOMPUTE, order[id(region)], model.get("message"),
+                                                  f"{region.name} is entered {region.passing.value}: its "
+                                                  "recompute is called with other arguments"), index))
         elif name == "refuses-input":
             passings = {Passing(p) for p in model.get("passing")}
             for region in program.all_regions():  # the first such region entered in forward raises
@@ -246,11 +256,47 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
         elif name == "input-keyed-snapshots":
             if case.capture.value == "eager" and effects.input_keys is None:
                 effects.input_keys = (_input_tensors(program), index)
+        elif name == "fresh-recompute":
+            # every site, in a region or not: the budget covers the whole graph (a program without
+            # a region has nothing to annotate, nothing to recompute)
+            drawing = [site for site in program.sites() if draws(site)] if program.all_regions() else []
+            if drawing:
+                why = (f"{drawing[0].name} ({drawing[0].op.value}) is recomputed in the backward graph with fresh "
+                       "draws: the stream ends ahead")
+                oracles = ["gradient", "live-stream", "output"]
+                if ops.has_pattern(program):  # what a compiled run compares of dropout masks
+                    oracles += ["recompute-mask", "forward-mask"]
+                for oracle in oracles:
+                    effects.fails(oracle, index, why if oracle == "gradient" else "")
+        elif name == "rank-zero-rewind":
+            effects.rank_zero = effects.rank_zero or (machine.per_rank_streams(), index)
+        elif name == "emptied-argument" and not reentrant:
+            recomputes = {id(r): n for n, r in enumerate(unpack_order(program, effects.nested_frames))}
+            for reader, owner, called in _emptied_readers(program):
+                if id(reader) not in recomputes:
+                    continue  # never recomputed on its own
+                if id(owner) in recomputes and recomputes[id(owner)] < recomputes[id(reader)]:
+                    continue  # the owner's recompute refilled its argument first
+                why = (f"{reader.name} reads {owner.name}'s argument by closure, which the checkpoint emptied after "
+                       f"{owner.name}'s forward: {reader.name}'s recompute runs on an empty tensor")
+                if called is not None and model.get("message"):
+                    # the harness checks what each checkpoint call returns against its input
+                    effects.raised.append((Raised(RECOMPUTE, order[id(reader)], model.get("message"),
+                                                  f"{why}, and calls {called.name}'s checkpoint with it"), index))
+                    continue
+                if any(draws(site) for site in reader.sites()):
+                    effects.fails("recompute-mask", index, why)
+                effects.fails("gradient", index, why)
         elif name == "host-rewind":
             if case.capture.value == "separate" and device == "cuda" and effects.host_rewind is None:
                 effects.host_rewind = (bool(model.get("per_capture", False)), index)
     if effects.invisible:
         _invisible_effects(program, effects, order)
+        if effects.reached is not None:
+            # a region backward never recomputes raises nothing in its recompute
+            ranks = {order[region_id] for region_id in effects.reached}
+            effects.raised = [(raised, index) for raised, index in effects.raised
+                              if raised.phase != RECOMPUTE or raised.order in ranks]
     for region_id, oracles, index, why in effects.unreplayed:
         if effects.reached is None or region_id in effects.reached:
             for oracle in oracles:
@@ -294,6 +340,53 @@ def _input_tensors(program: Any) -> dict[int, int]:
 
     _read_along(program.items(), 0, step, lambda _: next(fresh))  # a parallel group's output: the sum
     return out
+
+
+# The passings whose region takes its input as a tensor argument its body reads as is (autocast and
+# twice compute a new tensor first; a list or dict is no tensor; a closure passes nothing).
+ARGUMENT_READ = frozenset({Passing.POSITIONAL, Passing.KEYWORD, Passing.SDPA_KERNEL})
+
+
+def _regions_inside(region: Region) -> list[Region]:
+    """Every region nested in `region`, at any depth."""
+    out: list[Region] = []
+    for item in region.items:
+        if isinstance(item, Region):
+            out += [item, *_regions_inside(item)]
+    return out
+
+
+def _emptied_readers(program: Any) -> list[tuple[Region, Region, "Region | None"]]:
+    """(closure region, the region whose argument it reads, a region it calls with that argument
+    or None) for every closure region that reads an enclosing region's tensor argument as is
+    (`emptied-argument`), however many closure regions lie between."""
+    out: dict[int, list[Any]] = {}
+    owners: dict[int, Region] = {}  # tensor number -> the region it is the argument of
+    readers: list[Region] = []  # the closure regions being walked that read an emptied argument
+    fresh = iter(range(1, 1 << 30))
+
+    def step(item: Any, tensor: int) -> int:
+        if isinstance(item, Region):
+            body, reading = tensor, False
+            if item.passing is Passing.CLOSURE:
+                if tensor in owners:
+                    out.setdefault(id(item), [item, owners[tensor], None])
+                    readers.append(item)
+                    reading = True
+            else:
+                for reader in readers:  # a region called with the emptied tensor inside a reader
+                    if tensor in owners and out[id(reader)][2] is None:
+                        out[id(reader)][2] = item
+                body = next(fresh)  # the argument the checkpoint gets: a tensor of its own
+                if item.passing in ARGUMENT_READ:
+                    owners[body] = item
+            _read_along(item.items, body, step, lambda _: next(fresh))
+            if reading:
+                readers.pop()
+        return next(fresh)
+
+    _read_along(program.items(), 0, step, lambda _: next(fresh))
+    return [tuple(found) for found in out.values()]  # type: ignore[misc]
 
 
 def _read_along(items: Sequence[Any], value: Any, step: Any, joined: Any = None) -> Any:
@@ -503,11 +596,14 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
     autocast = model.get("context") == ("autocast",)
     attention_message = model.get("attention_message") if autocast and not reentrant else None
     mixed_message = model.get("mixed_message") if autocast else None
+    # the CPU's math attention recomputed in another dtype raises nothing: it draws its dropout in
+    # that dtype (another mask) and its backward takes the gradient as it comes
+    raises_in = [(region, site) for region, _, _, site in changed if site is not None
+                 and not (device == "cpu" and site.op is Op.SDPA_MATH)]
     # regions whose attention's backward (it runs before the matmul's) meets the other dtype first
-    attention_first = {id(region) for region, _, _, site in changed if site is not None} if attention_message \
-        else set()
+    attention_first = {id(region) for region, site in raises_in} if attention_message else set()
     for region, why, drawn, site in changed:
-        if attention_message and site is not None:
+        if attention_message and site is not None and (region, site) in raises_in:
             effects.raised.append((Raised(RECOMPUTE, order[site.name], attention_message, why, site.index), index))
             continue
         if id(region) in attention_first:
@@ -518,6 +614,11 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
         # the message is the matmul's dtype error; attention in another dtype raises nothing
         if message and (not reentrant or id(region) in always) and not (autocast and site is not None):
             rank = order[site.name] if site is not None else order[id(region)]
+            if autocast and site is None and not reentrant and id(region) not in always:
+                # the matmul starts the region: its backward, which raises, comes after the
+                # recompute of every region inside (backward reaches their tensors first); a
+                # region entered in another dtype than its matrix's raises in the recompute itself
+                rank = max([rank, *(order[id(inner)] + 0.5 for inner in _regions_inside(region))])
             said = message
             if site is not None and policies and model.get("recomputed_message") and not _policy_caches(
                     site, chosen_of[site.name], case, machine, policies):

@@ -30,8 +30,10 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     their stream shift; an output the op changes in place (`effects.IN_PLACE`) raises.
 ``skips-save-regions`` (``restored``)
     a SAVE region's body (``save(...)``) is not rerun; its hooks put back what they snapshot after it.
-``refuses-input`` (``passing``, ``message``)
-    raises when a region is entered that way (the forward stops there).
+``refuses-input`` (``passing``, ``message``; ``recompute``)
+    raises when a region is entered that way (the forward stops there); with ``recompute = true``
+    the forward goes through and the recompute of such a region (one with sites of its own, which
+    backward recomputes) raises instead.
 ``input-invisible`` (``passing``, ``message``; reentrant cases only)
     an autograd Function differentiates only its direct tensor arguments: a region entered that
     way gets no gradient path, is never recomputed, and nothing upstream of it gets a gradient;
@@ -78,6 +80,31 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     rewind lines up only where nothing refilled it; ``per_capture = true`` (torch >= 2.14): every
     graph has its own pair, filled at each replay, and it never does.  The streams' host offset
     advances by each graph's increment: a backward graph left moved moves the next forward.
+``fresh-recompute``
+    compiled (`harness.run.compiled`): the partitioner moves the program's RNG ops into the
+    backward graph and recomputes them there from the live generator, with fresh randomness (a
+    budget that is not RNG-aware), in regions or not (one budget covers the whole graph).  Where
+    some site draws and the program has a region: the gradients, the stream after backward
+    (it ends ahead) and so the next iteration's outputs differ; where the dropout pattern stands for
+    the masks (`ops.has_pattern`), also the pattern's recompute-mask and its next forward-mask.
+    Which programs a partitioner recomputes at a budget above 0 is its min-cut choice, not
+    modelled: the entry's scope (or a ``pass`` entry before it) says where it keeps the draws.
+``rank-zero-rewind``
+    under ``--ranks N`` (an entry with ``ranks``), on every rank but rank 0, a recompute rewinds
+    each stream seeded per rank (the tracked, context-parallel and model-and-context-parallel
+    streams, `rank_context`) to rank 0's state at that position (one snapshot for all ranks, or a
+    reseed from the seed every rank shares): its rerun draws from such a stream are rank 0's
+    numbers, so recompute-mask, the gradients they feed and rank-streams fail; every stream ends
+    where it should (the checkpoint puts back its own live state).
+``emptied-argument``
+    non-reentrant: the checkpoint empties the tensor argument of each region after its forward
+    (DeepSpeed's ``partition_activations`` keeps only its slice, ``arg.data = torch.empty([])``)
+    and refills it only in that region's own recompute.  A closure region that reads such an
+    argument as is (an enclosing region's input, however many closure regions between) and
+    recomputes before its owner does (or its owner never recomputes: no sites of its own) runs on
+    an empty tensor: its masks (recompute-mask) and its gradients are wrong, silently; where it
+    calls a region's checkpoint with that tensor, ``message`` is what the harness's check of that
+    call's output raises (an output unlike its empty input).
 
 `predict` composes every behaviour an impl has in a case (`effects.effects_of`): the first error
 wins (forward; the start of backward; then the recomputes in the order backward runs them, and the
@@ -91,17 +118,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from .. import rank_context
 from ..errors import UsageError
 from ..model import ops
 from ..model.cases import Case
-from ..model.programs import Op, Passing, Site
+from ..model.programs import PER_RANK_AXES, Op, Passing, Site
 from .effects import STREAM_KINDS, effects_of
 from .replay import replay
 
 CONTEXTS = ("sdpa_kernel", "autocast")
 BEHAVIOURS = {
     "unsaved-streams": {"streams", "passing"},
-    "refuses-input": {"passing", "message"},
+    "refuses-input": {"passing", "message", "recompute"},
     "input-invisible": {"passing", "message", "recompute_raises"},
     "context-not-replayed": {"context", "message", "recomputed_message", "attention_message", "mixed_message"},
     "saved-rng-ops": {"ops", "first", "every", "mutated_message"},
@@ -118,6 +146,9 @@ BEHAVIOURS = {
     "host-rewind": {"per_capture"},
     "input-keyed-snapshots": set(),
     "grouped-input-gradient": set(),
+    "fresh-recompute": set(),
+    "rank-zero-rewind": set(),
+    "emptied-argument": {"message"},
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
             "input-invisible": {"passing", "message"}, "context-not-replayed": {"context"},
@@ -126,7 +157,8 @@ REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "messag
             "rewound-after-forward": {"streams"}, "snapshot-slots": {"slots"},
             "snapshots-frozen": {"after_steps"}, "inert-fork": {"message"}, "leaks-ambient": set(),
             "skips-save-regions": set(), "host-rewind": set(),
-            "input-keyed-snapshots": set(), "grouped-input-gradient": set()}
+            "input-keyed-snapshots": set(), "grouped-input-gradient": set(), "fresh-recompute": set(),
+            "rank-zero-rewind": set(), "emptied-argument": set()}
 
 class ModelError(UsageError):
     """A malformed model table; the message is one line."""
@@ -185,7 +217,7 @@ def parse_model(raw: Any, where: str) -> Model:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelError(f"{where} model {key} must be a positive integer, not {value!r}")
             params[key] = value
-        elif key in ("first", "every", "recompute_raises", "per_capture"):
+        elif key in ("first", "every", "recompute_raises", "per_capture", "recompute"):
             if not isinstance(value, bool):
                 raise ModelError(f"{where} model {key} must be true or false")
             params[key] = value
@@ -231,6 +263,20 @@ class Machine:
         return value
 
 
+    def per_rank_streams(self) -> frozenset[str]:
+        """The stream codes (`programs.PER_RANK_AXES`) whose seeds differ between some ranks of
+        the run's layout (``ranks.layout``, `RankContext.label`, known from the run; asked here:
+        this process's)."""
+        key = "ranks.layout"
+        if key in self.known:
+            value = self.known[key]
+        else:
+            value = rank_context.current().label() if self.probe else None
+        self.asked[key] = value
+        sizes = rank_context.sizes(value) if value else {"tp": 2, "cp": 1}  # unknown: TP = every rank
+        return frozenset(code for code, axes in PER_RANK_AXES.items() if any(sizes[axis] > 1 for axis in axes))
+
+
 LOCAL = Machine()
 
 
@@ -261,5 +307,5 @@ def predict(models: Sequence[Model], case: Case, machine: Machine = LOCAL) -> Pr
     deciding = sorted({i for found in causes.values() for i in found if i >= 0})
     why = [line for i in deciding for line in effects.why.get(i, [])]
     oracles = tuple(oracle for oracle in ("forward-mask", "recompute-mask", "gradient", "live-stream", "output",
-                                          "fresh-randomness", "ambient") if oracle in causes)
+                                          "fresh-randomness", "ambient", "rank-streams") if oracle in causes)
     return Prediction("mismatch", oracles, causes=tuple(deciding), why=tuple(why))

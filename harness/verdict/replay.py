@@ -10,20 +10,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..model import ops
 from ..model.cases import Case
-from ..model.programs import Op, Passing, Region, Site
+from ..model.programs import Passing, Region, Site
 
 if TYPE_CHECKING:
     from .effects import Effects
 
 State = defaultdict  # stream -> the draws it made, in order (`replay`)
-
-
-# Ops whose record is the draw itself (a mask, a random tensor, sampled indices): a stream at the
-# same state draws the same record again.  The others record their output, which depends on their
-# input as well (F.dropout, attention): the same mask under another input is no stale record.
-RECORDS_THE_DRAW = frozenset(op.value for op in (
-    Op.NATIVE_DROPOUT, Op.BERNOULLI, Op.RAND, Op.RANDN, Op.RAND_LIKE, Op.RANDN_LIKE, Op.RANDINT, Op.NORMAL,
-    Op.UNIFORM, Op.MULTINOMIAL, Op.RANDPERM, Op.POISSON, Op.EXPONENTIAL))
 
 
 @dataclass
@@ -281,7 +273,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
         for name, position in ck_fwd.items():
             if position != ref_fwd[name]:
                 fail(("forward-mask", "output", "gradient"), moved_by.get(key[name], -1))
-            if last_fwd.get(name) == position and token[name].split(".")[0] in RECORDS_THE_DRAW:
+            if last_fwd.get(name) == position and token[name].split(".")[0] in ops.RECORDS_THE_DRAW:
                 fail(("fresh-randomness",), moved_by.get(key[name], -1))
         last_fwd = dict(ck_fwd)
         if graphs:  # the backward graph's capture starts at its own offset 0
@@ -301,6 +293,14 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             for stream in keys:
                 if stream not in free:
                     ck[stream] = snap[stream]
+            # `rank-zero-rewind`: on every rank but rank 0 a stream seeded per rank is rewound to
+            # rank 0's state, another sequence than this rank's (the numbers rank 0 drew)
+            rank_zero: dict[str, int] = {}
+            if effects.rank_zero is not None:
+                for stream in effects.rank_zero[0] & set(keys):
+                    if stream not in free:
+                        ck[stream] += ("rank 0",)
+                        rank_zero[stream] = effects.rank_zero[1]
             order = region.sites()
             mine = {id(item) for item in region.items if not isinstance(item, Region)}
             last = max((n for n, site in enumerate(order) if id(site) in mine), default=-1)
@@ -337,12 +337,16 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                             # region recomputes its own) changes no gradient.
                             used = reentrant or id(item) in mine or order.index(item) < last
                             if ck[stream] != ck_fwd[item.name]:
-                                cause = free.get(stream, shift.get(stream, stored_by if stored_by >= 0
-                                                                   else moved_by.get(stream, -1)))
+                                cause = free.get(stream, shift.get(stream, rank_zero.get(
+                                    stream, stored_by if stored_by >= 0 else moved_by.get(stream, -1))))
                                 fail(("recompute-mask", "gradient") if used else ("recompute-mask",), cause)
+                                if stream in rank_zero and token[item.name].split(".")[0] in ops.RECORDS_THE_DRAW:
+                                    fail(("rank-streams",), cause)  # rank 0's numbers where they must differ
                                 how = ("from where the stream is live: the checkpoint does not save it"
                                        if stream in free else "shifted: an earlier draw of its stream was "
-                                       "saved by the policy, not rerun" if stream in shift else "at another position")
+                                       "saved by the policy, not rerun" if stream in shift else
+                                       "from rank 0's state of its stream, which is seeded per rank"
+                                       if stream in rank_zero else "at another position")
                                 notes.setdefault(cause, f"{region.name}'s recompute redraws {item.name}@"
                                                         f"{code[item.name]} {how}")
                             recomputed.append((stream, used))
