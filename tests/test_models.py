@@ -303,6 +303,19 @@ def test_a_closure_reading_an_emptied_argument_recomputes_wrong_until_its_owner_
     assert predicted(f"nonreentrant-default-eager-{spec}-none-cpu", EMPTIED) == expected
 
 
+@pytest.mark.parametrize("spec, expected", [
+    ("(closure(multinomial))", ("error", "^scalar")),  # an op that needs dimensions gets the scalar
+    ("((closure(sdpa_auto)))", ("error", "^scalar")),
+    ("(closure((native_dropout)+native_dropout))", ("error", "^call")),  # a region called on it returns unlike it
+    ("(closure(autocast(native_dropout)+native_dropout))", ("error", "^call")),  # an autocast region's matmul
+    ("(closure(native_dropout+multinomial))", ("mismatch", ("recompute-mask", "gradient"))),  # a site hands on
+    ("(closure(native_dropout+(native_dropout)))", ("mismatch", ("recompute-mask", "gradient"))),  # its weight's shape
+])
+def test_what_first_meets_the_emptied_scalar_decides_between_an_error_and_a_silent_mismatch(spec, expected):
+    emptied = model(behaviour="emptied-argument", message="^call", scalar_message="^scalar")
+    assert predicted(f"nonreentrant-default-eager-{spec}-none-cpu", emptied) == expected
+
+
 def test_an_input_refused_at_the_recompute_lets_the_forward_through_and_raises_where_backward_recomputes():
     refused = model(behaviour="refuses-input", passing=["list", "dict"], recompute=True, message="^TypeError")
     assert predicted("nonreentrant-default-eager-list(native_dropout)-none-cpu", refused) == ("error", "^TypeError")

@@ -227,9 +227,9 @@ class DeepSpeedPartitionAdapter(DeepSpeedAdapter):
                     "it needs one (run with --ranks N)")
         region = _entered_after_rank_draw(case)
         if region is not None:
-            return (f"partition_activations gathers {region}'s input from every rank's slice, so it must be the "
+            return ("partition_activations gathers a region's input from every rank's slice, so it must be the "
                     "same on every rank of the tensor-parallel group (a transformer layer's input is); here a draw "
-                    "from a stream seeded per rank comes before it")
+                    "from a stream seeded per rank comes before a region")
         return None
 
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:

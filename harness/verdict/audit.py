@@ -103,7 +103,8 @@ class Audit:
 
 # What the audit reads of a record (and what a reader needs to find the case again): the rest
 # (tracebacks, timings, the verdict's texts) is left out of the records kept as data.
-KEPT = ("case_id", "impl", "impl_version", "outcome", "error", "reason", "verdict", "expected_entry", "machine_facts")
+KEPT = ("case_id", "impl", "impl_version", "outcome", "error", "reason", "verdict", "expected_entry", "machine_facts",
+        "ranks", "rank_layout")
 KEPT_MISMATCH = ("oracle", "subject", "iteration", "count", "total")
 KEPT_ENV = ("torch", "gpu", "cuda")
 

@@ -248,7 +248,9 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
         elif name == "nested-frames":
             pass  # read before the loop: it orders the recomputes
         elif name == "grouped-input-gradient":
-            hit = _grouped_read(program)
+            passing = model.get("passing")
+            hit = _grouped_read(program, frozenset(Passing(p) for p in passing) if passing else None,
+                                model.get("nested", False))
             if hit is not None:
                 effects.fails("gradient", index, f"{hit.name} reads its input more than once and a later item reads "
                                                  "it too: its input gradient is summed in another order (rounding, "
@@ -272,18 +274,24 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
             effects.rank_zero = effects.rank_zero or (machine.per_rank_streams(), index)
         elif name == "emptied-argument" and not reentrant:
             recomputes = {id(r): n for n, r in enumerate(unpack_order(program, effects.nested_frames))}
-            for reader, owner, called in _emptied_readers(program):
+            for reader, owner, _ in _emptied_readers(program):
                 if id(reader) not in recomputes:
                     continue  # never recomputed on its own
                 if id(owner) in recomputes and recomputes[id(owner)] < recomputes[id(reader)]:
                     continue  # the owner's recompute refilled its argument first
-                why = (f"{reader.name} reads {owner.name}'s argument by closure, which the checkpoint emptied after "
+                why = (f"{reader.name} reads {owner.name}'s argument as it is, which the checkpoint emptied after "
                        f"{owner.name}'s forward: {reader.name}'s recompute runs on an empty tensor")
-                if called is not None and model.get("message"):
-                    # the harness checks what each checkpoint call returns against its input
-                    effects.raised.append((Raised(RECOMPUTE, order[id(reader)], model.get("message"),
-                                                  f"{why}, and calls {called.name}'s checkpoint with it"), index))
-                    continue
+                event = _scalar_event(reader.items)
+                if event is not None:
+                    kind, where = event
+                    said = model.get("scalar_message") if kind == "op" else model.get("message")
+                    if said:
+                        how = (f"{where.name} ({where.op.value}) cannot run on a scalar" if kind == "op" else
+                               f"{where.name}'s checkpoint returns what is unlike its scalar input (harness check)"
+                               if where.passing is not Passing.AUTOCAST else
+                               f"{where.name}'s matmul cannot take a scalar")
+                        effects.raised.append((Raised(RECOMPUTE, order[id(reader)], said, f"{why}: {how}"), index))
+                        continue
                 if any(draws(site) for site in reader.sites()):
                     effects.fails("recompute-mask", index, why)
                 effects.fails("gradient", index, why)
@@ -304,22 +312,41 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
     return effects
 
 
-def _grouped_read(program: Any) -> "Region | None":
-    """The first top-level region whose input a later parallel item reads too and which reads
-    it at least twice itself (the items of its first group, through the first groups of inner
-    regions that read the same tensor): `grouped-input-gradient`.  The reference adds the
-    gradient terms of that tensor one by one, the later reader's first; the checkpoint hands
-    back the region's own terms already summed."""
+def _grouped_read(program: Any, passings: "frozenset[Passing] | None" = None, nested: bool = False
+                  ) -> "Region | None":
+    """The first top-level region (with `nested`, at any depth) whose input a later parallel item
+    reads too and which reads it at least twice itself (the items of its first group, through the
+    first groups of inner regions that read the same tensor): `grouped-input-gradient`; only
+    regions entered one of `passings` (None: any but closure).  The reference adds the gradient
+    terms of that tensor one by one, the later reader's first; the checkpoint hands back the
+    region's own terms already summed."""
     def reads(region: Region) -> int:
         first = next(iter(reading_groups(tuple(region.items))), [])
-        return sum(max(1, reads(item)) if isinstance(item, Region) and item.passing not in (
-            Passing.CLOSURE, Passing.AUTOCAST, Passing.TWICE) else 1 for item in first)
+        return sum(2 if isinstance(item, Region) and item.passing is Passing.TWICE  # two arguments
+                   else max(1, reads(item)) if isinstance(item, Region) and item.passing not in (
+                       Passing.CLOSURE, Passing.AUTOCAST) else 1 for item in first)
 
-    for group in reading_groups(tuple(program.items())):
-        for item in group[:-1]:
-            if isinstance(item, Region) and item.passing is not Passing.CLOSURE and reads(item) > 1:
-                return item
-    return None
+    def readers(item: Any) -> list[Any]:
+        """`item`, or for a closure region (it hands its input on as is) the items of its first
+        group, and so on down."""
+        if isinstance(item, Region) and item.passing is Passing.CLOSURE:
+            return [found for inner in next(iter(reading_groups(tuple(item.items))), []) for found in readers(inner)]
+        return [item]
+
+    def search(items: Sequence[Any]) -> "Region | None":
+        for group in reading_groups(tuple(items)):
+            for item in (found for early in group[:-1] for found in (readers(early) if nested else [early])):
+                if (isinstance(item, Region) and item.passing is not Passing.CLOSURE
+                        and (passings is None or item.passing in passings) and reads(item) > 1):
+                    return item
+        if nested:
+            for item in items:
+                found = search(item.items) if isinstance(item, Region) else None
+                if found is not None:
+                    return found
+        return None
+
+    return search(program.items())
 
 
 def _input_tensors(program: Any) -> dict[int, int]:
@@ -345,6 +372,14 @@ def _input_tensors(program: Any) -> dict[int, int]:
 # The passings whose region takes its input as a tensor argument its body reads as is (autocast and
 # twice compute a new tensor first; a list or dict is no tensor; a closure passes nothing).
 ARGUMENT_READ = frozenset({Passing.POSITIONAL, Passing.KEYWORD, Passing.SDPA_KERNEL})
+# The passings whose region's body reads the very tensor it was handed (by closure, or inside a
+# list or dict the checkpoint keeps as it is): an emptied argument reaches it as it is.
+HANDED_ON = frozenset({Passing.CLOSURE, Passing.LIST, Passing.DICT})
+
+
+def _cpu_math(device: str, site: Site) -> bool:
+    """The CPU's math attention: recomputed in another dtype it raises nothing (it redraws)."""
+    return device == "cpu" and site.op is Op.SDPA_MATH
 
 
 def _regions_inside(region: Region) -> list[Region]:
@@ -356,10 +391,33 @@ def _regions_inside(region: Region) -> list[Region]:
     return out
 
 
+NEEDS_DIMENSIONS = frozenset([Op.MULTINOMIAL, *ATTENTION])  # ops that raise on a 0-dimensional input
+
+
+def _scalar_event(items: Sequence[Any]) -> "tuple[str, Any] | None":
+    """What first fails when `items` get a scalar (`emptied-argument`): only the items that read
+    it (the first reading group; a site multiplies it by its weight, and what it hands on has the
+    weight's shape again), in the order they run: ``("op", site)`` for a site whose op needs
+    dimensions, ``("call", region)`` for a region (not a closure) whose checkpoint call returns
+    what is unlike its scalar input, or, autocast, starts with a matmul."""
+    for item in next(iter(reading_groups(tuple(items))), []):
+        if isinstance(item, Region):
+            if item.passing is Passing.AUTOCAST:
+                return "call", item  # its matmul comes first
+            inner = _scalar_event(item.items)
+            if inner is not None:
+                return inner
+            if item.passing is not Passing.CLOSURE:
+                return "call", item
+        elif item.op in NEEDS_DIMENSIONS:
+            return "op", item
+    return None
+
+
 def _emptied_readers(program: Any) -> list[tuple[Region, Region, "Region | None"]]:
-    """(closure region, the region whose argument it reads, a region it calls with that argument
-    or None) for every closure region that reads an enclosing region's tensor argument as is
-    (`emptied-argument`), however many closure regions lie between."""
+    """(reader, the region whose argument it reads, a region it calls with that argument or None)
+    for every region entered by closure, list or dict (`HANDED_ON`) that reads an enclosing
+    region's tensor argument as is (`emptied-argument`), however many such regions lie between."""
     out: dict[int, list[Any]] = {}
     owners: dict[int, Region] = {}  # tensor number -> the region it is the argument of
     readers: list[Region] = []  # the closure regions being walked that read an emptied argument
@@ -368,7 +426,7 @@ def _emptied_readers(program: Any) -> list[tuple[Region, Region, "Region | None"
     def step(item: Any, tensor: int) -> int:
         if isinstance(item, Region):
             body, reading = tensor, False
-            if item.passing is Passing.CLOSURE:
+            if item.passing in HANDED_ON:
                 if tensor in owners:
                     out.setdefault(id(item), [item, owners[tensor], None])
                     readers.append(item)
@@ -569,11 +627,14 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
         # attention of another dtype: autocast ran it in bfloat16, the recompute in its own dtype
         # (each site under its innermost autocast region)
         innermost = _innermost(case.program, Passing.AUTOCAST)
-        changed += [(region, f"{site.name} ({site.op.value}) ran in bfloat16 under autocast in forward; the "
-                             f"recompute, outside it, runs it in {site.dtype.value}", True, site)
-                    for region in case.program.all_regions() if region.passing is Passing.AUTOCAST
-                    for site in region.sites() if site.op in ATTENTION and site.dtype is not Dtype.BF16
-                    and innermost[site.name] is region][:1]
+        attention = [(region, f"{site.name} ({site.op.value}) ran in bfloat16 under autocast in forward; the "
+                              f"recompute, outside it, runs it in {site.dtype.value}", True, site)
+                     for region in case.program.all_regions() if region.passing is Passing.AUTOCAST
+                     for site in region.sites() if site.op in ATTENTION and site.dtype is not Dtype.BF16
+                     and innermost[site.name] is region]
+        # every one the CPU's math kernel runs redraws; of the others the first raises
+        changed += [found for found in attention if _cpu_math(device, found[3])]
+        changed += [found for found in attention if not _cpu_math(device, found[3])][:1]
     else:
         pinned_of = _pinned(case.program)
         under_autocast = _autocast_sites(case.program) if replays_autocast else frozenset()
@@ -594,12 +655,13 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                                         f"{' with dropout' if draws(site) else ' without dropout'})", draws(site),
                                 site))
     autocast = model.get("context") == ("autocast",)
+    recomputing = {id(r) for r in unpack_order(case.program, effects.nested_frames)}  # on their own
     attention_message = model.get("attention_message") if autocast and not reentrant else None
     mixed_message = model.get("mixed_message") if autocast else None
     # the CPU's math attention recomputed in another dtype raises nothing: it draws its dropout in
     # that dtype (another mask) and its backward takes the gradient as it comes
     raises_in = [(region, site) for region, _, _, site in changed if site is not None
-                 and not (device == "cpu" and site.op is Op.SDPA_MATH)]
+                 and not _cpu_math(device, site)]
     # regions whose attention's backward (it runs before the matmul's) meets the other dtype first
     attention_first = {id(region) for region, site in raises_in} if attention_message else set()
     for region, why, drawn, site in changed:
@@ -614,11 +676,14 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
         # the message is the matmul's dtype error; attention in another dtype raises nothing
         if message and (not reentrant or id(region) in always) and not (autocast and site is not None):
             rank = order[site.name] if site is not None else order[id(region)]
-            if autocast and site is None and not reentrant and id(region) not in always:
-                # the matmul starts the region: its backward, which raises, comes after the
-                # recompute of every region inside (backward reaches their tensors first); a
-                # region entered in another dtype than its matrix's raises in the recompute itself
-                rank = max([rank, *(order[id(inner)] + 0.5 for inner in _regions_inside(region))])
+            inside = [order[id(inner)] for inner in _regions_inside(region) if id(inner) in recomputing]
+            own = any(not isinstance(item, Region) for item in region.items)
+            if autocast and site is None and not reentrant and id(region) not in always and (inside or own):
+                # the matmul starts the region: its backward, which raises, comes after the region's
+                # own recompute (an error there comes first) and those of the regions inside it
+                # (backward reaches their tensors first); a region entered in another dtype than
+                # its matrix's raises in the recompute itself
+                rank = max([*inside, *([rank] if own else [])]) + 0.5
             said = message
             if site is not None and policies and model.get("recomputed_message") and not _policy_caches(
                     site, chosen_of[site.name], case, machine, policies):

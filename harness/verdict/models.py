@@ -71,6 +71,8 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     top-level region reads its input more than once and a later parallel item reads it too, the
     reference adds the terms one by one (the later reader's first), so the gradient differs by
     rounding (seen with Megatron's CheckpointWithoutOutput; the sums can round alike by chance).
+    ``passing``: only regions entered so; ``nested = true``: regions at any depth (a checkpoint
+    that sums at every level).
 ``host-rewind`` (``per_capture``)
     under separate forward and backward graphs (CUDA) its snapshots and rewinds are host values,
     relative to the graph being captured: the recompute draws at the backward graph's base plus
@@ -103,8 +105,9 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     argument as is (an enclosing region's input, however many closure regions between) and
     recomputes before its owner does (or its owner never recomputes: no sites of its own) runs on
     an empty tensor: its masks (recompute-mask) and its gradients are wrong, silently; where it
-    calls a region's checkpoint with that tensor, ``message`` is what the harness's check of that
-    call's output raises (an output unlike its empty input).
+    calls a region's checkpoint on the scalar first, ``message`` is what raises (the harness's
+    check of that call's output, unlike its input; an autocast region's matmul), where it first
+    runs an op that needs dimensions (multinomial, attention), ``scalar_message``.
 
 `predict` composes every behaviour an impl has in a case (`effects.effects_of`): the first error
 wins (forward; the start of backward; then the recomputes in the order backward runs them, and the
@@ -145,10 +148,10 @@ BEHAVIOURS = {
     "nested-frames": set(),
     "host-rewind": {"per_capture"},
     "input-keyed-snapshots": set(),
-    "grouped-input-gradient": set(),
+    "grouped-input-gradient": {"passing", "nested"},
     "fresh-recompute": set(),
     "rank-zero-rewind": set(),
-    "emptied-argument": {"message"},
+    "emptied-argument": {"message", "scalar_message"},
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
             "input-invisible": {"passing", "message"}, "context-not-replayed": {"context"},
@@ -203,7 +206,8 @@ def parse_model(raw: Any, where: str) -> Model:
     params: dict[str, Any] = {}
     for key in sorted(keys):
         value = raw[key]
-        if key in ("message", "mutated_message", "recomputed_message", "attention_message", "mixed_message"):
+        if key in ("message", "mutated_message", "recomputed_message", "attention_message", "mixed_message",
+                   "scalar_message"):
             import re
 
             if not isinstance(value, str):
@@ -217,7 +221,7 @@ def parse_model(raw: Any, where: str) -> Model:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelError(f"{where} model {key} must be a positive integer, not {value!r}")
             params[key] = value
-        elif key in ("first", "every", "recompute_raises", "per_capture", "recompute"):
+        elif key in ("first", "every", "recompute_raises", "per_capture", "recompute", "nested"):
             if not isinstance(value, bool):
                 raise ModelError(f"{where} model {key} must be true or false")
             params[key] = value
