@@ -94,3 +94,18 @@ def test_repro_script_refuses_a_compiled_impl(tmp_path, capsys):
     assert main(["repro", FLAT, "--impl", "torch-compile", "--script", str(tmp_path / "r.py")]) == 2
     assert "--script does not cover compiled impls" in capsys.readouterr().err
     assert not (tmp_path / "r.py").exists()
+
+
+def test_the_run_records_what_the_backward_graph_redraws(monkeypatch):
+    """partition_watch: inductor's post-grad hook sees the backward graph; below budget 1.0 a flat
+    dropout program's backward draws new seeds, the siblings program's keeps the forward's masks
+    (its backward graph holds no RNG op): the fact the fresh-recompute model reads."""
+    from harness.run.runner import result_from_dict
+
+    adapter = impls.load("torch-compile-budget")
+    flat = runner.run(parse_case_id("nonreentrant-default-eager-flat-none-cpu"), adapter)
+    assert flat.outcome.value == "mismatch"
+    assert "prims.inductor_seeds.default" in flat.observed["compiled.backward_rng"]
+    siblings = runner.run(parse_case_id("nonreentrant-default-eager-siblings-none-cpu"), adapter)
+    assert siblings.outcome.value == "pass" and siblings.observed["compiled.backward_rng"] == []
+    assert result_from_dict(flat.to_dict()).observed == flat.observed  # it crosses an isolated worker's pipe

@@ -349,3 +349,18 @@ def test_the_cpu_math_attention_recomputed_in_another_dtype_redraws_and_raises_n
     # the CPU's flash kernel (attention with no dropout, on the backend the CPU picks) raises
     assert predicted("nonreentrant-default-eager-autocast(sdpa_auto)-none-cpu", autocast) == (
         "error", "^RuntimeError: attention")
+
+
+def test_a_fresh_recompute_observed_claims_only_where_the_backward_graph_draws_afresh():
+    observed = model(behaviour="fresh-recompute", observed=True)
+    case = "nonreentrant-default-eager-(bernoulli_)-none-cpu"
+    seen = lambda ops: Machine({"compiled.backward_rng": ops}, probe=False)  # noqa: E731
+    assert predicted(case, observed, machine=seen(["aten.bernoulli.p"]))[0] == "mismatch"
+    assert predicted(case, observed, machine=seen(["prims.inductor_random.default", "prims.inductor_seeds.default"])
+                     )[0] == "mismatch"
+    # the forward's seeds replayed (no seeds of its own), nothing in backward, or nobody looked: no claim
+    assert predicted(case, observed, machine=seen(["prims.inductor_random.default"])) == ("pass", ())
+    assert predicted(case, observed, machine=seen([])) == ("pass", ())
+    assert predicted(case, observed) == ("pass", ())
+    # without `observed` the model claims every drawing program with a region, as before
+    assert predicted(case, model(behaviour="fresh-recompute"))[0] == "mismatch"

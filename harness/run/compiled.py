@@ -26,6 +26,7 @@ a compiled program hands out:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -36,6 +37,7 @@ from ..check.reference import ReferenceCheckError, _constant
 from ..model import ops
 from ..model.cases import Case
 from ..model.programs import Region
+from . import partition_watch
 from .streams import preserved_global_rng, snapshot_streams
 from .workload import CheckpointFn, Tensors, Workload, _entered, seed_all, torch_dtype
 
@@ -82,15 +84,17 @@ class CompiledWorkload(Workload):
 
 
 def _run(case: Case, impl: Any, device: torch.device, tensors: Tensors, checkpoint: CheckpointFn | None,
-         iterations: int, regions: list[str], pattern: bool) -> RunRecord:
+         iterations: int, regions: list[str], pattern: bool, observed: "dict[str, Any] | None" = None) -> RunRecord:
     """One compiled run (the reference when `checkpoint` is None), recorded per iteration: the
-    outputs of the top-level `regions`, the loss and, with `pattern`, the dropout pattern."""
+    outputs of the top-level `regions`, the loss and, with `pattern`, the dropout pattern; with
+    `observed`, what the compiler put in the backward graph (`partition_watch`) goes there."""
     torch._dynamo.reset()  # no compiled code, guard or recompile count carried over from another run
     seed_all()
     x, weights = tensors.fresh_leaves()
     record = RunRecord(MaskLog())
     workload = CompiledWorkload(case, device, None, weights, checkpoint, record=lambda name, value: None)
-    with impl.compiling(recompute=checkpoint is not None):
+    watch = partition_watch.watching(observed) if observed is not None else contextlib.nullcontext()
+    with impl.compiling(recompute=checkpoint is not None), watch:
         forward = impl.compile(workload.program_forward)
         for it in range(iterations):
             record.log.start(it)
@@ -135,9 +139,10 @@ def check_compiled_reference(record: RunRecord, iterations: int, impl: str) -> N
 
 
 def run_compiled(case: Case, impl: Any, name: str, iterations: int,
-                 checkpoint_with: Callable[[Any], CheckpointFn]) -> list:
+                 checkpoint_with: Callable[[Any], CheckpointFn], observed: "dict[str, Any] | None" = None) -> list:
     """The mismatches of `case` under compiled impl `impl`: the compiled reference, its check, the
-    compiled checkpointed run, then the oracles over what compiled code hands out (module doc)."""
+    compiled checkpointed run, then the oracles over what compiled code hands out (module doc).
+    `observed` gets what the compiler put in the checkpointed run's backward graph."""
     device = torch.device(case.device.value)
     if device.type == "cuda":
         torch.cuda.init()
@@ -148,7 +153,8 @@ def run_compiled(case: Case, impl: Any, name: str, iterations: int,
         reference = _run(case, impl, device, tensors, None, iterations, regions, pattern)
         if pattern:
             check_compiled_reference(reference, iterations, name)
-        checkpointed = _run(case, impl, device, tensors, checkpoint_with(None), iterations, regions, pattern)
+        checkpointed = _run(case, impl, device, tensors, checkpoint_with(None), iterations, regions, pattern,
+                            observed)
         torch._dynamo.reset()
     sites = [PATTERN] if pattern else []
     return check(reference, checkpointed, sites, iterations, [*regions, LOSS], drawing=sites)

@@ -53,6 +53,9 @@ class CaseResult:
     # A run of several ranks (`harness.run.ranks`): how many, and per rank what differed.
     ranks: int = 1
     rank_layout: str = ""  # `RankContext.label`: tp2, tp2xcp1xdp2
+    # What the run saw the installed torch do, for the models (`models.Machine`): what a compiled
+    # run's backward graph redraws (`partition_watch`).  Kept in the record as its machine facts.
+    observed: dict[str, Any] = field(default_factory=dict)
     per_rank: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -76,6 +79,8 @@ class CaseResult:
         if self.ranks > 1:
             record.extra.update(ranks=self.ranks, rank_layout=self.rank_layout or f"tp{self.ranks}",
                                 per_rank=list(self.per_rank))
+        if self.observed:  # (the judge moves what a model asked of it into machine_facts)
+            record.extra["observed"] = dict(self.observed)
         return record
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +95,7 @@ def result_from_dict(data: dict[str, Any]) -> CaseResult:
         parse_case_id(record.case_id), record.impl, record.outcome, impl_version=record.impl_version,
         reason=record.reason, error=record.error, traceback=record.traceback, mismatches=record.mismatches,
         duration_s=record.duration_s, iterations=record.iterations, timings=record.timings,
+        observed=dict(record.extra.get("observed") or {}),
     )
 
 
@@ -437,7 +443,7 @@ def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool,
     checkpoint_with = checkpointing(impl, case, name)
     if getattr(impl, "compiled", False):
         with _impl_ran():  # the impl compiles the reference too
-            result.mismatches = run_compiled(case, impl, name, iterations, checkpoint_with)
+            result.mismatches = run_compiled(case, impl, name, iterations, checkpoint_with, result.observed)
     else:
         result.mismatches = _run_eager(case, impl, name, iterations, timeline, result, checkpoint_with, keep_masks)
     result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS

@@ -104,7 +104,7 @@ class Audit:
 # What the audit reads of a record (and what a reader needs to find the case again): the rest
 # (tracebacks, timings, the verdict's texts) is left out of the records kept as data.
 KEPT = ("case_id", "impl", "impl_version", "outcome", "error", "reason", "verdict", "expected_entry", "machine_facts",
-        "ranks", "rank_layout")
+        "ranks", "rank_layout", "observed")
 KEPT_MISMATCH = ("oracle", "subject", "iteration", "count", "total")
 KEPT_ENV = ("torch", "gpu", "cuda")
 
@@ -217,5 +217,7 @@ def record_machine(record: Mapping[str, Any], fallback: "Mapping[str, Any] | Non
     facts = record.get("machine_facts")
     import torch
 
-    known = {**(fallback or {}), **(facts if isinstance(facts, Mapping) else {})}
+    observed = record.get("observed")  # what the run saw (`partition_watch`), asked or not
+    known = {**(fallback or {}), **(observed if isinstance(observed, Mapping) else {}),
+             **(facts if isinstance(facts, Mapping) else {})}
     return Machine(known, probe=torch_version == torch.__version__)

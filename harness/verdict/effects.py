@@ -262,9 +262,15 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
             # every site, in a region or not: the budget covers the whole graph (a program without
             # a region has nothing to annotate, nothing to recompute)
             drawing = [site for site in program.sites() if draws(site)] if program.all_regions() else []
+            redrawn = machine.backward_rng() if model.get("observed", False) else None
+            # inductor's random ops read a seed: with the forward's seeds (no inductor_seeds of its
+            # own) a backward graph replays the forward's numbers; fresh are new seeds or aten RNG
+            redrawn = [op for op in redrawn or [] if not any(word in op for word in SEED_READERS)]
+            if model.get("observed", False) and not redrawn:
+                drawing = []  # nobody looked, or the backward graph draws nothing afresh: no claim
             if drawing:
                 why = (f"{drawing[0].name} ({drawing[0].op.value}) is recomputed in the backward graph with fresh "
-                       "draws: the stream ends ahead")
+                       "draws: the stream ends ahead" + (f" (it holds {', '.join(redrawn)})" if redrawn else ""))
                 oracles = ["gradient", "live-stream", "output"]
                 if ops.has_pattern(program):  # what a compiled run compares of dropout masks
                     oracles += ["recompute-mask", "forward-mask"]
@@ -391,6 +397,7 @@ def _regions_inside(region: Region) -> list[Region]:
     return out
 
 
+SEED_READERS = ("inductor_random", "inductor_randint", "inductor_lookup_seed")  # ops that draw from a given seed
 NEEDS_DIMENSIONS = frozenset([Op.MULTINOMIAL, *ATTENTION])  # ops that raise on a 0-dimensional input
 
 

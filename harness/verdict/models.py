@@ -91,6 +91,9 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     the masks (`ops.has_pattern`), also the pattern's recompute-mask and its next forward-mask.
     Which programs a partitioner recomputes at a budget above 0 is its min-cut choice, not
     modelled: the entry's scope (or a ``pass`` entry before it) says where it keeps the draws.
+    ``observed = true``: only where the run saw RNG ops in the backward graph (the machine fact
+    ``compiled.backward_rng``, `harness.run.partition_watch`: inductor); where nobody looked, the
+    model claims nothing, and later entries decide.
 ``rank-zero-rewind``
     under ``--ranks N`` (an entry with ``ranks``), on every rank but rank 0, a recompute rewinds
     each stream seeded per rank (the tracked, context-parallel and model-and-context-parallel
@@ -149,7 +152,7 @@ BEHAVIOURS = {
     "host-rewind": {"per_capture"},
     "input-keyed-snapshots": set(),
     "grouped-input-gradient": {"passing", "nested"},
-    "fresh-recompute": set(),
+    "fresh-recompute": {"observed"},
     "rank-zero-rewind": set(),
     "emptied-argument": {"message", "scalar_message"},
 }
@@ -221,7 +224,7 @@ def parse_model(raw: Any, where: str) -> Model:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelError(f"{where} model {key} must be a positive integer, not {value!r}")
             params[key] = value
-        elif key in ("first", "every", "recompute_raises", "per_capture", "recompute", "nested"):
+        elif key in ("first", "every", "recompute_raises", "per_capture", "recompute", "nested", "observed"):
             if not isinstance(value, bool):
                 raise ModelError(f"{where} model {key} must be true or false")
             params[key] = value
@@ -266,6 +269,15 @@ class Machine:
         self.asked[key] = value
         return value
 
+
+    def backward_rng(self) -> "list[str] | None":
+        """The RNG ops a compiled checkpointed run's backward graph held (``compiled.backward_rng``,
+        seen by the run: `harness.run.partition_watch`; empty: none); None where nobody looked."""
+        key = "compiled.backward_rng"
+        value = self.known.get(key)
+        if value is not None:
+            self.asked[key] = value
+        return value
 
     def per_rank_streams(self) -> frozenset[str]:
         """The stream codes (`programs.PER_RANK_AXES`) whose seeds differ between some ranks of
