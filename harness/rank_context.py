@@ -73,6 +73,10 @@ class RankContext:
             index = index * getattr(self, axis) + self.coordinates()[axis]
         return TP_SEED_STRIDE * index
 
+    def sizes(self) -> dict[str, int]:
+        """The size of each axis: ``{"tp": .., "cp": .., "dp": ..}``."""
+        return {"tp": self.tp, "cp": self.cp, "dp": self.dp}
+
     def label(self) -> str:
         """The layout as records and reports name it: ``tp2`` or ``tp2xcp2xdp1``."""
         return f"tp{self.tp}" if self.world == self.tp else f"tp{self.tp}xcp{self.cp}xdp{self.dp}"
@@ -94,6 +98,19 @@ def layout_problem(world: int, tp: int = 0, cp: int = 1) -> str | None:
     tp = tp or world // cp
     if tp < 1 or world % (tp * cp):
         return f"{world} ranks cannot be split into TP {tp} x CP {cp} x DP (TP x CP must divide the rank count)"
+    return None
+
+
+def options_problem(ranks: int, tp: int = 0, cp: int = 1) -> str | None:
+    """What is wrong with the options ``--ranks N --tp K --cp K`` together, one line (None when
+    nothing): the fronts' one check of them."""
+    if ranks < 1:
+        return f"--ranks must be 1 or more, got {ranks}"
+    if ranks > 1:
+        problem = layout_problem(ranks, tp, cp)
+        return f"--ranks/--tp/--cp: {problem}" if problem else None
+    if tp or cp != 1:
+        return "--tp and --cp split the ranks of --ranks N (N > 1): give --ranks too"
     return None
 
 

@@ -28,7 +28,7 @@ from .. import report as reporting
 from ..model import shards
 from ..model.cases import AXES, Capture, Case, Device, parse_case_id, parse_value
 from ..model.matrix import MATRICES, generate
-from ..rank_context import layout_problem
+from ..rank_context import options_problem
 from ..report import cli as report_cli
 from ..report.frame import rank_flags
 from ..report.live import LiveResults
@@ -88,14 +88,9 @@ def _add_ranks(parser: argparse.ArgumentParser) -> None:
 
 def _check_ranks(args: argparse.Namespace) -> None:
     """One clear line for a rank count or layout that cannot be."""
-    if args.ranks < 1:
-        raise UsageError(f"--ranks must be 1 or more, got {args.ranks}")
-    if args.ranks > 1:
-        problem = layout_problem(args.ranks, args.tp, args.cp)
-        if problem:
-            raise UsageError(f"--ranks/--tp/--cp: {problem}")
-    elif args.tp or args.cp != 1:
-        raise UsageError("--tp and --cp split the ranks of --ranks N (N > 1): give --ranks too")
+    problem = options_problem(args.ranks, args.tp, args.cp)
+    if problem:
+        raise UsageError(problem)
 
 
 def _load_expectations(path: str | None, *, problems: bool = True) -> tuple[list[Any], list[str]]:

@@ -32,7 +32,7 @@ from .. import report as reporting
 from ..model import corpus, shards
 from ..model.cases import AXES, ID_PARTS, Case, CaseError, parse_case_id
 from ..model.matrix import MATRICES, generate, parse_programs
-from ..rank_context import layout_problem
+from ..rank_context import options_problem
 from ..report.live import LiveResults
 from ..results import CaseRecord, Verdict
 from ..run import isolation, stops
@@ -116,15 +116,7 @@ def _option_problem(config: pytest.Config) -> str | None:
     per_gpu = config.getoption("workers_per_gpu")
     if per_gpu is not None and per_gpu < 1:
         return f"--workers-per-gpu must be at least 1, got {per_gpu}"
-    if config.getoption("ranks") < 1:
-        return f"--ranks must be 1 or more, got {config.getoption('ranks')}"
-    if config.getoption("ranks") > 1:
-        problem = layout_problem(config.getoption("ranks"), config.getoption("tp"), config.getoption("cp"))
-        if problem:
-            return f"--ranks/--tp/--cp: {problem}"
-    elif config.getoption("tp") or config.getoption("cp") != 1:
-        return "--tp and --cp split the ranks of --ranks N (N > 1): give --ranks too"
-    return None
+    return options_problem(config.getoption("ranks"), config.getoption("tp"), config.getoption("cp"))
 
 
 @pytest.hookimpl(tryfirst=True)

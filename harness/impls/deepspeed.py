@@ -49,7 +49,7 @@ import torch
 from .. import rank_context
 from ..model import ops
 from ..model.cases import Case, Layout, Mode, Passing
-from ..model.programs import PER_RANK_AXES, Region
+from ..model.programs import Region, per_rank_codes
 from .base import Adapter
 from .packages import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
 
@@ -179,9 +179,7 @@ class _TensorParallelGroup:
 def _entered_after_rank_draw(case: Case) -> "str | None":
     """The first region (its name) entered after a draw from a stream this rank layout seeds per
     rank (its input may differ between ranks), or None."""
-    place = rank_context.current()
-    axes = rank_context.sizes(place.label())
-    differing = {code for code, names in PER_RANK_AXES.items() if any(axes[name] > 1 for name in names)}
+    differing = per_rank_codes(rank_context.current().sizes())
     code = case.streams()
     drawn = False
 

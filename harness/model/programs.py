@@ -78,6 +78,11 @@ DEFAULT_STREAM = "d"
 # Under `--ranks` the streams seeded per rank, by code, and the axes their seeds depend on (by
 # name: `rank_context.STREAM_AXES`).
 PER_RANK_AXES = {"t": ("tp",), "c": ("cp",), "m": ("tp", "cp")}
+
+
+def per_rank_codes(sizes: "dict[str, int]") -> frozenset[str]:
+    """The stream codes whose seeds differ between some ranks of a layout of these axis `sizes`."""
+    return frozenset(code for code, axes in PER_RANK_AXES.items() if any(sizes[axis] > 1 for axis in axes))
 TRACKER_STREAMS = frozenset(STREAMS) - {DEFAULT_STREAM}  # the streams a tracker holds
 
 

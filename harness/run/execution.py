@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..model.cases import Capture, Case, Device
 from ..results import SKIPPED_OUTCOMES, CaseRecord, Outcome, Verdict
 from ..verdict import expectations as expectations_mod
-from ..verdict.models import Machine
+from ..verdict.models import RANKS_LAYOUT, Machine
 from .ranks import run_ranked
 from .runner import OUTSIDE_IMPL, CaseResult, run
 from .stops import INTERRUPTED
@@ -166,7 +166,7 @@ def judged_record(result: CaseResult, target: Target, entries: Sequence[expectat
     record = result.record()
     record.impl = target.name
     # a run of several ranks: its layout is what the rank models ask (the parent is no rank itself)
-    machine = Machine({**({"ranks.layout": result.rank_layout} if result.ranks > 1 else {}), **result.observed})
+    machine = Machine({**({RANKS_LAYOUT: result.rank_layout} if result.ranks > 1 else {}), **result.observed})
     entry = expectations_mod.find(entries, target.name, result.case, version=record.impl_version, machine=machine,
                                   ranks=result.ranks)  # a run of several ranks: the entries for that many
     if machine.asked:  # what the models asked of this torch: an audit elsewhere replays the same answers

@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-FACT = "compiled.backward_rng"
+from ..verdict.models import BACKWARD_RNG as FACT
+
 RNG_WORDS = ("rand", "bernoulli", "dropout", "normal", "uniform", "poisson", "exponential", "multinomial",
              "inductor_random", "inductor_seeds", "philox")
 

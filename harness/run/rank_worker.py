@@ -33,7 +33,9 @@ from ..model.cases import parse_case_id
 from .runner import run
 from .workload import case_streams
 
-IDLE_POLL_S = 0.002  # how often a rank looks for the next case (the parent's fuzzer waits on it)
+# How often an idle rank looks for the next case: at once after one came (the fuzzer queues the
+# next program as soon as it has judged one), then less often the longer none does.
+IDLE_POLL_MIN_S, IDLE_POLL_MAX_S = 0.001, 0.02
 PARENT_CHECK_S = 1.0
 
 
@@ -62,14 +64,15 @@ def _alive(pid: int) -> bool:
 def orders(queue: Path, parent: int) -> Iterator[dict[str, Any]]:
     """The lines of `queue` as the parent appends them (a line still being written is read when
     it is whole), up to a stop line; ends early when the `parent` process is gone."""
-    checked = time.monotonic()
+    checked, wait = time.monotonic(), IDLE_POLL_MIN_S
     while not queue.exists():
-        time.sleep(IDLE_POLL_S)
+        time.sleep(IDLE_POLL_MIN_S)
     with open(queue, "rb") as source:
         pending = b""
         while True:
             chunk = source.readline()
             if chunk:
+                wait = IDLE_POLL_MIN_S
                 pending += chunk
                 if not pending.endswith(b"\n"):
                     continue
@@ -83,7 +86,8 @@ def orders(queue: Path, parent: int) -> Iterator[dict[str, Any]]:
                 checked = time.monotonic()
                 if not _alive(parent):
                     return
-            time.sleep(IDLE_POLL_S)
+            time.sleep(wait)
+            wait = min(wait * 2, IDLE_POLL_MAX_S)
 
 
 def main(argv: list[str]) -> int:

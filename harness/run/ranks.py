@@ -33,7 +33,9 @@ from ..rank_context import RankContext, layout_problem
 from ..results import Mismatch, Outcome
 from .runner import CaseResult, result_from_dict
 
-POLL_S = 0.002  # the fuzzer waits on every case: poll often (a poll reads only new bytes)
+# How often the group looks at the ranks' files: at once after something came (the fuzzer waits on
+# every case), then less often the longer nothing does (the ranks share the machine's cores).
+POLL_MIN_S, POLL_MAX_S = 0.001, 0.02
 # The launcher's start (N processes importing torch, joining the group) is not the first case's
 # time: until a rank starts a case the limit is this, or the case limit where that is longer.
 STARTUP_S = 120.0
@@ -42,21 +44,26 @@ STOP_WAIT_S = 30.0  # how long ranks asked to stop may take before they are kill
 
 
 class _RankFile:
-    """One rank's output file, read incrementally: only the bytes added since the last read."""
+    """One rank's output file, read incrementally: kept open once it exists, each read takes only
+    the bytes added since the last."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.position, self.partial = path, 0, b""
+        self.path, self.partial = path, b""
+        self.source: Any = None
 
     def new_lines(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as source:
-                source.seek(self.position)
-                data = source.read()
-        except FileNotFoundError:
-            return []
-        self.position += len(data)
+        if self.source is None:
+            try:
+                self.source = open(self.path, "rb")
+            except FileNotFoundError:
+                return []
+        data = self.source.read()
         *whole, self.partial = (self.partial + data).split(b"\n")  # the last piece: a line being written
         return [json.loads(line) for line in whole if line.strip()]
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
 
 
 def combine(case: Case, impl: str, lines: Sequence[dict[str, Any]], layout: str = "") -> CaseResult:
@@ -166,13 +173,16 @@ class _Launch:
     def send(self, order: dict[str, Any]) -> None:
         self.queue.write(json.dumps(order) + "\n")
 
-    def read(self) -> None:
-        """Take in the lines the ranks added since the last read."""
+    def read(self) -> bool:
+        """Take in the lines the ranks added since the last read; whether there were any."""
+        came = False
         for rank, file in enumerate(self.files):
             for data in file.new_lines():
+                came = True
                 self.started.add(data["index"])
                 if "result" in data:
                     self.results[rank][data["index"]] = data
+        return came
 
     def finished(self, index: int) -> bool:
         return all(index in per for per in self.results)
@@ -193,6 +203,8 @@ class _Launch:
                 _kill(self.process)
         finally:
             self.queue.close()
+            for file in self.files:
+                file.close()
             self._tmp.cleanup()
 
 
@@ -259,8 +271,9 @@ class RankGroup:
         index, impl = order["index"], order["impl"]
         launch = self._launch
         assert launch is not None
+        wait = POLL_MIN_S
         while True:
-            launch.read()
+            wait = POLL_MIN_S if launch.read() else min(wait * 2, POLL_MAX_S)
             if launch.finished(index):
                 self._queued.popleft()
                 self._since, self._timing = time.monotonic(), -1
@@ -285,7 +298,7 @@ class RankGroup:
                         else f"no rank started the case within {limit:g} s of the last")
                 return self._replace(_failed(case, impl, self.layout, Outcome.TIMEOUT,
                                              f"{what}: every rank and the launcher were killed"))
-            time.sleep(POLL_S)
+            time.sleep(wait)
 
     def _replace(self, failed: CaseResult) -> CaseResult:
         """The oldest case failed its launch: kill the launch, start a new one for the rest."""

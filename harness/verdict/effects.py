@@ -151,6 +151,8 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
     effects = Effects()
     effects.nested_frames = any(model.behaviour == "nested-frames" for model in models)
     ranked = backward_order(program.items()) if reentrant else unpack_order(program, effects.nested_frames)
+    # non-reentrant: the regions that recompute on their own (ranked by `order` below)
+    recomputing = set() if reentrant else {id(r) for r in ranked}
     ranked += [r for r in program.all_regions() if r not in ranked]  # no own site: never on their own
     order = {id(r): n for n, r in enumerate(ranked)}
     for region in program.all_regions():  # outer before inner: a site's innermost region recomputes it
@@ -207,7 +209,8 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
             replays_autocast = not any(m.behaviour == "context-not-replayed" and m.get("context") == ("autocast",)
                                        for m in models)
             policies = [m for m in models if m.behaviour == "saved-rng-ops"]
-            _context_effects(case, machine, model, index, order, effects, reentrant, replays_autocast, policies)
+            _context_effects(case, machine, model, index, order, effects, reentrant, replays_autocast, policies,
+                             recomputing)
         elif name == "not-restored":
             for stream in _kinds(model.get("streams"), device):
                 effects.not_restored.setdefault(stream, index)
@@ -279,11 +282,10 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
         elif name == "rank-zero-rewind":
             effects.rank_zero = effects.rank_zero or (machine.per_rank_streams(), index)
         elif name == "emptied-argument" and not reentrant:
-            recomputes = {id(r): n for n, r in enumerate(unpack_order(program, effects.nested_frames))}
-            for reader, owner, _ in _emptied_readers(program):
-                if id(reader) not in recomputes:
+            for reader, owner in _emptied_readers(program):
+                if id(reader) not in recomputing:
                     continue  # never recomputed on its own
-                if id(owner) in recomputes and recomputes[id(owner)] < recomputes[id(reader)]:
+                if id(owner) in recomputing and order[id(owner)] < order[id(reader)]:
                     continue  # the owner's recompute refilled its argument first
                 why = (f"{reader.name} reads {owner.name}'s argument as it is, which the checkpoint emptied after "
                        f"{owner.name}'s forward: {reader.name}'s recompute runs on an empty tensor")
@@ -421,37 +423,29 @@ def _scalar_event(items: Sequence[Any]) -> "tuple[str, Any] | None":
     return None
 
 
-def _emptied_readers(program: Any) -> list[tuple[Region, Region, "Region | None"]]:
-    """(reader, the region whose argument it reads, a region it calls with that argument or None)
-    for every region entered by closure, list or dict (`HANDED_ON`) that reads an enclosing
-    region's tensor argument as is (`emptied-argument`), however many such regions lie between."""
-    out: dict[int, list[Any]] = {}
+def _emptied_readers(program: Any) -> list[tuple[Region, Region]]:
+    """(reader, the region whose argument it reads) for every region entered by closure, list or
+    dict (`HANDED_ON`) that reads an enclosing region's tensor argument as is
+    (`emptied-argument`), however many such regions lie between."""
+    out: list[tuple[Region, Region]] = []
     owners: dict[int, Region] = {}  # tensor number -> the region it is the argument of
-    readers: list[Region] = []  # the closure regions being walked that read an emptied argument
     fresh = iter(range(1, 1 << 30))
 
     def step(item: Any, tensor: int) -> int:
         if isinstance(item, Region):
-            body, reading = tensor, False
+            body = tensor
             if item.passing in HANDED_ON:
                 if tensor in owners:
-                    out.setdefault(id(item), [item, owners[tensor], None])
-                    readers.append(item)
-                    reading = True
+                    out.append((item, owners[tensor]))
             else:
-                for reader in readers:  # a region called with the emptied tensor inside a reader
-                    if tensor in owners and out[id(reader)][2] is None:
-                        out[id(reader)][2] = item
                 body = next(fresh)  # the argument the checkpoint gets: a tensor of its own
                 if item.passing in ARGUMENT_READ:
                     owners[body] = item
             _read_along(item.items, body, step, lambda _: next(fresh))
-            if reading:
-                readers.pop()
         return next(fresh)
 
     _read_along(program.items(), 0, step, lambda _: next(fresh))
-    return [tuple(found) for found in out.values()]  # type: ignore[misc]
+    return out
 
 
 def _read_along(items: Sequence[Any], value: Any, step: Any, joined: Any = None) -> Any:
@@ -606,7 +600,7 @@ def _reached(items: Sequence[Any], arrives: bool, invisible: frozenset[Passing],
 
 def _context_effects(case: Case, machine: Machine, model: Model, index: int, order: dict[Any, int],
                      effects: Effects, reentrant: bool, replays_autocast: bool = True,
-                     policies: Sequence[Model] = ()) -> None:
+                     policies: Sequence[Model] = (), recomputing: "set[int] | frozenset[int]" = frozenset()) -> None:
     """What a recompute outside the region's context changes: under ``sdpa_kernel``, an attention
     site on another backend (this machine's own choice); under ``autocast``, the region's first
     matmul in the program's dtype instead of bfloat16 (nothing changes for a bfloat16 program).
@@ -662,7 +656,6 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                                         f"{' with dropout' if draws(site) else ' without dropout'})", draws(site),
                                 site))
     autocast = model.get("context") == ("autocast",)
-    recomputing = {id(r) for r in unpack_order(case.program, effects.nested_frames)}  # on their own
     attention_message = model.get("attention_message") if autocast and not reentrant else None
     mixed_message = model.get("mixed_message") if autocast else None
     # the CPU's math attention recomputed in another dtype raises nothing: it draws its dropout in

@@ -128,7 +128,7 @@ from .. import rank_context
 from ..errors import UsageError
 from ..model import ops
 from ..model.cases import Case
-from ..model.programs import PER_RANK_AXES, Op, Passing, Site
+from ..model.programs import Op, Passing, Site, per_rank_codes
 from .effects import STREAM_KINDS, effects_of
 from .replay import replay
 
@@ -243,6 +243,12 @@ def parse_model(raw: Any, where: str) -> Model:
     return Model(name, tuple(params.items()))
 
 
+# The facts a run hands the models besides what they probe: the rank layout of a `--ranks` run,
+# and what a compiled run's backward graph redraws (`harness.run.partition_watch`).
+RANKS_LAYOUT = "ranks.layout"
+BACKWARD_RNG = "compiled.backward_rng"
+
+
 class Machine:
     """What the installed torch does on the machine a case ran on, as far as models ask: the
     attention backend it picks when no context chooses.  Answers come from `known` (a record's
@@ -273,24 +279,21 @@ class Machine:
     def backward_rng(self) -> "list[str] | None":
         """The RNG ops a compiled checkpointed run's backward graph held (``compiled.backward_rng``,
         seen by the run: `harness.run.partition_watch`; empty: none); None where nobody looked."""
-        key = "compiled.backward_rng"
-        value = self.known.get(key)
+        value = self.known.get(BACKWARD_RNG)
         if value is not None:
-            self.asked[key] = value
+            self.asked[BACKWARD_RNG] = value
         return value
 
     def per_rank_streams(self) -> frozenset[str]:
         """The stream codes (`programs.PER_RANK_AXES`) whose seeds differ between some ranks of
         the run's layout (``ranks.layout``, `RankContext.label`, known from the run; asked here:
         this process's)."""
-        key = "ranks.layout"
-        if key in self.known:
-            value = self.known[key]
+        if RANKS_LAYOUT in self.known:
+            value = self.known[RANKS_LAYOUT]
         else:
             value = rank_context.current().label() if self.probe else None
-        self.asked[key] = value
-        sizes = rank_context.sizes(value) if value else {"tp": 2, "cp": 1}  # unknown: TP = every rank
-        return frozenset(code for code, axes in PER_RANK_AXES.items() if any(sizes[axis] > 1 for axis in axes))
+        self.asked[RANKS_LAYOUT] = value
+        return per_rank_codes(rank_context.sizes(value) if value else {"tp": 2, "cp": 1})  # unknown: TP = all
 
 
 LOCAL = Machine()
