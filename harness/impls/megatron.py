@@ -51,6 +51,12 @@ only under Megatron's own graph warm-up and capture flags, which the harness's e
 
 The helpers here (`TrackerView`, `LazyModule`, `installed_version`) are shared with the
 TransformerEngine adapter.
+
+On a torch whose ``CUDAGraph.register_generator_state`` is a deprecated no-op (>= 2.14: the
+environment's ``rng_apis`` says so), torch registers the tracker's generators itself on their first
+use in a capture.  The harness's executors still call the method for each generator of each graph,
+as the graph runners of Megatron and TE do, keep its warnings out of the log and record their count
+per case (the observed fact ``capture.register_warnings``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ Declared unsupported: every case when ``transformer_engine.pytorch`` does not im
 with the error), the cpu device (TE's tracker and checkpoint are CUDA-only), and the shared layout
 (TE's tracker has no aliases: a second name for one stream would live only in the harness's view,
 so the case would test the harness's own alias bookkeeping, not TE).  Capture cases run for real.
+
+On a torch whose ``CUDAGraph.register_generator_state`` is a deprecated no-op (>= 2.14: the
+environment's ``rng_apis`` says so), torch registers the tracker's generators itself on their first
+use in a capture.  The harness's executors still call the method for each generator of each graph,
+as the graph runners of Megatron and TE do, keep its warnings out of the log and record their count
+per case (the observed fact ``capture.register_warnings``).
 """
 
 from __future__ import annotations

@@ -11,13 +11,17 @@ iterations:
 
 Masks are recorded capture-safely: during capture `MaskLog.record` clones into tensors of the
 graph's pool, and after every replay `Step.collect` copies those static buffers out.  Tracker
-streams are registered with every graph where the torch build has `register_generator_state`.
+streams are registered with every graph where the torch build has `register_generator_state`
+(warnings counted: `REGISTER_WARNINGS`).
 Each case releases its graphs (and their memory pools) before returning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import tempfile
 import warnings
 from typing import Iterator, Protocol, Sequence
 
@@ -66,16 +70,48 @@ def run_eager(step: Step, iterations: int) -> None:
         step.collect(it)
 
 
+# Warnings `register_generator_state` gave in this process.  torch >= 2.14 registers generators
+# lazily and made the method a deprecated no-op that warns on every call through torch's C++
+# warning handler, which Python's filters do not see (Megatron-LM PR #7348: the flood killed its CI
+# log collection).  The harness still calls it where it exists, as Megatron's and TE's graph runners
+# do, keeps the warnings out of the log and counts them: the runner records a case's share.
+REGISTER_WARNINGS = [0]
+
+
 def _new_graph(step: Step) -> torch.cuda.CUDAGraph:
     graph = torch.cuda.CUDAGraph()
     if hasattr(graph, "register_generator_state"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # deprecated where registration is lazy
-            warnings.simplefilter("ignore", DeprecationWarning)
-            for gen in step.generators():
-                if gen.device.type == "cuda":
-                    graph.register_generator_state(gen)
+        cuda = [gen for gen in step.generators() if gen.device.type == "cuda"]
+        REGISTER_WARNINGS[0] += register_counting_warnings(graph, cuda)
     return graph
+
+
+def register_counting_warnings(graph: object, generators: Sequence[torch.Generator]) -> int:
+    """Register each of `generators` with `graph`; returns how many warnings the calls gave, as
+    Python warnings or as lines torch's C++ handler wrote to stderr (both kept out of the log)."""
+    with warnings.catch_warnings(record=True) as caught, stderr_lines() as written:
+        warnings.simplefilter("always")
+        for gen in generators:
+            graph.register_generator_state(gen)
+    return len(caught) + sum(1 for line in written if "Warning" in line)
+
+
+@contextlib.contextmanager
+def stderr_lines() -> "Iterator[list[str]]":
+    """The lines written to file descriptor 2 inside the block (C++ code writes there, past
+    `sys.stderr`), given as a list filled when the block ends; nothing of them reaches the log."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(sink.read().decode(errors="replace").splitlines())
 
 
 _WARMUP_STREAMS: dict[int, torch.cuda.Stream] = {}

@@ -14,9 +14,11 @@ from typing import Any
 import torch
 
 from ..results import RNG_APIS
+from .capture import register_counting_warnings
 
 _probe_lock = threading.Lock()
 _probe_result: str | None = None
+_register_result: str | None = None
 
 
 def environment() -> dict[str, Any]:
@@ -46,6 +48,8 @@ def environment() -> dict[str, Any]:
             apis["Generator.graphsafe_get_state"] = _yes(hasattr(generator, "graphsafe_get_state"))
             apis["Generator.philox_state"] = _yes(hasattr(generator, "philox_state"))
             apis["capture-time get_state"] = capture_get_state_probe()
+            if apis["CUDAGraph.register_generator_state"] == "yes":
+                apis["CUDAGraph.register_generator_state"] = register_probe(generator)
         except Exception as exc:  # a broken device must not cost the report
             env["gpu_error"] = _first_line(exc)
             apis["capture-time get_state"] = "unknown (CUDA error)"
@@ -140,6 +144,22 @@ def _capture_and_ask(generator: torch.Generator) -> str:
         torch.cuda.current_stream().wait_stream(side)
         generator.set_state(before)  # get_state only reads; this makes sure of it
     return answer
+
+
+def register_probe(generator: torch.Generator) -> str:
+    """Whether `CUDAGraph.register_generator_state` does anything: "yes", or "deprecated no-op
+    (warns on every call)" where a call warns (torch >= 2.14 registers generators lazily and kept the
+    method only to warn: Megatron-LM PR #7348).  Registers `generator` with a new, never captured
+    graph once per process."""
+    global _register_result
+    with _probe_lock:
+        if _register_result is None:
+            try:
+                warned = register_counting_warnings(torch.cuda.CUDAGraph(), [generator])
+                _register_result = "deprecated no-op (warns on every call)" if warned else "yes"
+            except Exception as exc:  # the probe must never cost the report
+                _register_result = f"unknown (probe failed: {_first_line(exc)})"
+        return _register_result
 
 
 def _first_line(exc: BaseException) -> str:

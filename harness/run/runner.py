@@ -21,10 +21,13 @@ from ..model import ops
 from ..model.cases import Case, Device, Interleave, Layout, Mode, kernel_auto_attention, parse_case_id
 from ..results import OUTSIDE_IMPL, CaseRecord, Mismatch, Outcome
 from . import ambient
-from .capture import execute
+from .capture import REGISTER_WARNINGS, execute
 from .compiled import run_compiled
 from .streams import preserved_global_rng, snapshot_streams, stream_objects
 from .workload import CheckpointFn, Tensors, Workload, alias_problem, make_tracker_streams, seed_all
+
+# The observed fact a case's CUDA graph registrations warned this many times (torch >= 2.14).
+REGISTER_WARNINGS_FACT = "capture.register_warnings"
 
 # K >= 2: the second iteration shows what a leaked stream advance does next (spec programs may
 # ask for more: `Program.iterations`).
@@ -368,6 +371,7 @@ def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = F
     RNG outputs in ``result.masks`` (eager and captured runs; not compiled ones).
     """
     start = time.perf_counter()
+    warned_before = REGISTER_WARNINGS[0]
     iterations = iterations or case.program.iterations
     name = name or getattr(impl, "name", "?")
     fault = None
@@ -403,6 +407,8 @@ def run(case: Case, impl: Any, iterations: int | None = None, timeline: bool = F
         if not raised_by_impl(exc):  # never blame the impl for what its code was not part of
             result.error = OUTSIDE_IMPL + result.error
         result.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
+    if REGISTER_WARNINGS[0] > warned_before:  # torch >= 2.14: each registration warns (capture.py)
+        result.observed[REGISTER_WARNINGS_FACT] = REGISTER_WARNINGS[0] - warned_before
     result.duration_s = time.perf_counter() - start
     return result
 
