@@ -22,6 +22,15 @@ from .errors import UsageError
 # the harness (or torch raising in the harness's own calls).  `execution` fails such a case
 # whatever the expectations say, and the audit counts it for no entry: it is no verdict on the impl.
 OUTSIDE_IMPL = "raised outside the impl (a harness bug, or torch in the harness's own code): "
+# The verdict note of a fuzz failure a second run did not repeat bit for bit: run-to-run noise of a
+# nondeterministic backward, counted for no entry by the audit.
+NOT_REPEATED = "not repeated bit for bit by a second run (a nondeterministic backward's noise)"
+
+
+def out_of_device_memory(error: str) -> bool:
+    """Whether a case's `error` is the device running out of memory: the machine's state (other
+    processes on the GPU), no verdict on the impl or on its expectation."""
+    return error.removeprefix(OUTSIDE_IMPL).startswith("OutOfMemoryError")
 
 
 class Outcome(str, enum.Enum):

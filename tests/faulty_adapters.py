@@ -32,7 +32,11 @@ class Faulty(BundledAdapter):
     calls = 0  # checkpoint calls in this process (swallow-ctrl-c)
     dynamo_at_load = None  # set by make_dynamo_probe
 
-    def checkpoint(self, fn, *args, reentrant, tracker):
+    def checkpoint(self, fn, *args, reentrant, tracker, **kwargs):
+        if self.fault == "out-of-memory":  # as a GPU shared with other processes does
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+        if kwargs:
+            return super().checkpoint(fn, *args, reentrant=reentrant, tracker=tracker, **kwargs)
         if self.fault == "dynamo-probe":
             raise RuntimeError(f"torch._dynamo imported before the case: {self.dynamo_at_load}")
         if self.fault in ("noisy-exit", "noisy-abort"):
@@ -72,6 +76,10 @@ def _make(fault: str):
 
 def make_raise():
     return _make("raise")
+
+
+def make_out_of_memory():
+    return _make("out-of-memory")
 
 
 def make_hang():

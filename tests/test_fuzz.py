@@ -191,6 +191,14 @@ def test_a_failure_of_a_nondeterministic_backward_must_repeat_bit_for_bit():
     assert not fuzz._repeats(first, lambda: _Run(flash, "pass", []))
 
 
+def test_a_device_out_of_memory_is_counted_apart_and_never_a_finding(capsys):
+    status = main(["fuzz", "--impl", "faulty_adapters:make_out_of_memory", "--device", "cpu", "--examples", "5",
+                   "--seed", str(SEED), "--no-database", "--no-save", "--no-isolate"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "no failure in 5 programs" in out and "5 failures the device's running out of memory, not counted" in out
+
+
 def test_a_deterministic_case_is_not_run_again():
     for case_id in ("reentrant-default-eager-(native_dropout)-none-cuda", "reentrant-default-eager-(rand)-none-cpu"):
         run = _Run(case_id, "mismatch", ["x"])

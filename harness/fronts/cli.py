@@ -704,6 +704,8 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     if not found.findings:
         noisy = f"; {found.noisy} failures not repeated bit for bit by a second run (nondeterministic " \
                 "attention backward), not counted" if found.noisy else ""
+        if found.out_of_memory:
+            noisy += f"; {found.out_of_memory} failures the device's running out of memory, not counted"
         print(f"no {'new ' if args.new_only else ''}failure in {summary}{known}{noisy}")
         return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 0
     alike: list[str] = []  # the entries that new failures look like (each expects just that failure)
@@ -731,6 +733,8 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     repeats = f", {found.repeats} more like them" if found.repeats else ""
     if found.noisy:
         repeats += f", {found.noisy} not repeated bit for bit by a second run (nondeterministic attention backward)"
+    if found.out_of_memory:
+        repeats += f", {found.out_of_memory} out of device memory (not counted)"
     kinds = "new kind" if args.new_only else "kind"
     like = f", {len(alike)} like an entry: {', '.join(dict.fromkeys(alike))}" if alike else ""
     print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"

@@ -41,7 +41,7 @@ from ..model.cases import (
 )
 from ..model.programs import SDPA_OPS, Dtype, Op, Passing, Shape
 from ..model.spec import parse_spec
-from ..results import CaseRecord, Outcome, Verdict
+from ..results import NOT_REPEATED, CaseRecord, Outcome, Verdict, out_of_device_memory
 from ..run import stops
 from ..run.execution import CaseRun, Target, run_case
 
@@ -194,6 +194,7 @@ class FuzzResult:
     # failure shows in other shapes, without shrinking each
     repeat_shapes: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)
     noisy: int = 0  # failures that a second run did not repeat bit for bit (`_repeats`)
+    out_of_memory: int = 0  # failures that were the device running out of memory (no verdict)
     known: dict[str, int] = field(default_factory=dict)  # known failures (xfail) by the entry that explains them
     stale: list[str] = field(default_factory=list)  # 'case id (entry)' of cases an entry claims that passed
     stopped: BaseException | None = None  # the Ctrl-C or SIGTERM that ended the run early
@@ -352,15 +353,22 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
             result.known[label] = result.known.get(label, 0) + 1
         elif verdict == "stale":  # an entry claims more than the bug: worth narrowing
             result.stale.append(f"{case.id} ({done.record.expected_entry or '?'})")
+        # the machine's doing, or run-to-run noise of a nondeterministic backward: no checkpoint's
+        # (judged before the record is kept, which says so for the audit)
+        skipped_failure = None
+        if verdict in failing and out_of_device_memory(done.record.error or ""):
+            result.out_of_memory += 1
+            skipped_failure = "out of memory"
+        elif verdict in failing and not _repeats(done, lambda: run_case(target, case, entries, worker=worker)):
+            result.noisy += 1
+            done.record.verdict_note = NOT_REPEATED
+            skipped_failure = "noise"
         if on_record is not None:  # after the counts: a record whose write fails (a full disk) is counted too
             on_record(done.record)
         if progress is not None:
             progress(result)
-        if verdict not in failing:
+        if verdict not in failing or skipped_failure:
             return
-        if not _repeats(done, lambda: run_case(target, case, entries, worker=worker)):
-            result.noisy += 1
-            return  # run-to-run noise of a nondeterministic backward, not a checkpoint's doing
         if signature(done.record) in state["seen"]:
             _count_repeat(result, done)
             return  # like a failure this run already found and shrank
@@ -423,6 +431,7 @@ def merged(results: Sequence[FuzzResult], seconds: float) -> FuzzResult:
         total.shrink_steps += result.shrink_steps
         total.repeats += result.repeats
         total.noisy += result.noisy
+        total.out_of_memory += result.out_of_memory
         total.stale += result.stale
         for verdict, n in result.verdicts.items():
             total.verdicts[verdict] = total.verdicts.get(verdict, 0) + n

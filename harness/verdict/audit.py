@@ -24,8 +24,9 @@ was given (``machine_facts``); where it has none, this machine answers if it run
 record ran on, and otherwise the model does not know (a backend it cannot ask is no difference).
 
 A failure no entry claims or would explain is **new**.  Unsupported and skipped cases, records that
-are not matrix or fuzz cases (module mode), and errors raised outside the impl (`OUTSIDE_IMPL`) are
-counted apart and judged for no entry.  A wrong claim (stale or wrong) fails the audit.
+are not matrix or fuzz cases (module mode), errors raised outside the impl (`OUTSIDE_IMPL`), a device
+out of memory and fuzz failures a second run did not repeat (`NOT_REPEATED`) are counted apart and
+judged for no entry.  A wrong claim (stale or wrong) fails the audit.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..model.cases import CaseError, parse_case_id
-from ..results import OUTSIDE_IMPL
+from ..results import NOT_REPEATED, OUTSIDE_IMPL, out_of_device_memory
 from .expectations import Expectation, find, judge
 from .models import LOCAL, Machine, predict
 
@@ -103,8 +104,8 @@ class Audit:
 
 # What the audit reads of a record (and what a reader needs to find the case again): the rest
 # (tracebacks, timings, the verdict's texts) is left out of the records kept as data.
-KEPT = ("case_id", "impl", "impl_version", "outcome", "error", "reason", "verdict", "expected_entry", "machine_facts",
-        "ranks", "rank_layout", "observed")
+KEPT = ("case_id", "impl", "impl_version", "outcome", "error", "reason", "verdict", "verdict_note", "expected_entry",
+        "machine_facts", "ranks", "rank_layout", "observed")
 KEPT_MISMATCH = ("oracle", "subject", "iteration", "count", "total")
 KEPT_ENV = ("torch", "gpu", "cuda")
 
@@ -145,6 +146,13 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation],
             continue
         if outcome in ("unsupported", "skipped"):
             result.not_judged[outcome] = result.not_judged.get(outcome, 0) + 1
+            continue
+        if outcome == "error" and out_of_device_memory(error):
+            result.not_judged["out of device memory"] = result.not_judged.get("out of device memory", 0) + 1
+            continue
+        if str(record.get("verdict_note") or "").startswith(NOT_REPEATED):
+            result.not_judged["not repeated by a second run"] = \
+                result.not_judged.get("not repeated by a second run", 0) + 1
             continue
         if outcome == "error" and error.startswith(OUTSIDE_IMPL):
             result.not_judged["raised outside the impl"] = result.not_judged.get("raised outside the impl", 0) + 1

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from ..model import ops
 from ..model.cases import Case
 from ..model.programs import SDPA_OPS, Dtype, Op, Passing, Region, Site, reading_groups
-from .replay import backward_order, draws, enclosing_regions, recompute_points, unpack_order
+from .replay import backward_order, draws, enclosing_regions, recompute_points, stop_point, unpack_order
 
 if TYPE_CHECKING:
     from .models import Machine, Model
@@ -74,6 +74,9 @@ class Effects:
     # checkpoint that backpropagates only the outputs that need grad goes on, silently)
     recompute_raises: bool = True
     nested_frames: bool = False  # `nested-frames`: an inner region's inputs sit in its enclosing frame
+    # site -> the regions (ids) whose recompute reruns it: its innermost; with `nested_frames`, the
+    # enclosing regions whose recompute reaches it as well
+    reruns: dict[str, set[int]] = field(default_factory=dict)
     # `host-rewind` in a separate-graphs CUDA case: (per-capture device tensors, entry index)
     host_rewind: "tuple[bool, int] | None" = None
     # `rank-zero-rewind`: the streams seeded per rank that a recompute rewinds to rank 0's state, entry index
@@ -158,15 +161,23 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
     for region in program.all_regions():  # outer before inner: a site's innermost region recomputes it
         for site in region.sites():
             order[site.name] = order[id(region)]
+            effects.reruns[site.name] = {id(region)}
     if effects.nested_frames and not reentrant:
         # an enclosing region's recompute reruns its inner regions' bodies too (up to the point its
         # own recompute stops): an error a site's op raises comes in the first recompute that
         # reruns the site
+        # (torch's recompute stops early: up to its last own site or the entry of an inner region
+        # whose input its frame holds, `stop_point`; seen on the CPU, torch 2.13: in
+        # (sdpa_kernel(sdpa_auto+sdpa_math)) the inner recompute's 'not found in storage' comes
+        # first, in ((sdpa_kernel(sdpa_auto+sdpa_math))+native_dropout) the outer one's 'mutated')
+        early = any(model.behaviour == "early-stop" for model in models)
         points = recompute_points(program, True)
         for region in program.all_regions():
+            stop = stop_point(region, True) if early else float("inf")
             for site in region.sites():
-                if id(region) in points and site.index <= points[id(region)]:
+                if id(region) in points and stop is not None and site.index < stop:
                     order[site.name] = min(order[site.name], order[id(region)])
+                    effects.reruns[site.name].add(id(region))
     for index, model in enumerate(models):
         name = model.behaviour
         if name == "unsaved-streams":
@@ -210,7 +221,7 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
                                        for m in models)
             policies = [m for m in models if m.behaviour == "saved-rng-ops"]
             _context_effects(case, machine, model, index, order, effects, reentrant, replays_autocast, policies,
-                             recomputing)
+                             recomputing, models)
         elif name == "not-restored":
             for stream in _kinds(model.get("streams"), device):
                 effects.not_restored.setdefault(stream, index)
@@ -388,6 +399,17 @@ HANDED_ON = frozenset({Passing.CLOSURE, Passing.LIST, Passing.DICT})
 def _cpu_math(device: str, site: Site) -> bool:
     """The CPU's math attention: recomputed in another dtype it raises nothing (it redraws)."""
     return device == "cpu" and site.op is Op.SDPA_MATH
+
+
+def _outside_rank(region: Region, site: "Site | None", order: dict[Any, int], effects: Effects) -> int:
+    """The rank of the first recompute that runs `site` (None: `region`'s own code) outside the
+    context `region` is entered under: `region`'s own recompute or that of a region inside it that
+    reruns the site.  An enclosing region's recompute reruns `region` under the context, which its
+    own body enters."""
+    if site is None:
+        return order[id(region)]
+    inside = {id(region), *(id(inner) for inner in _regions_inside(region))}
+    return min(order[rid] for rid in effects.reruns[site.name] if rid in inside)
 
 
 def _regions_inside(region: Region) -> list[Region]:
@@ -600,12 +622,14 @@ def _reached(items: Sequence[Any], arrives: bool, invisible: frozenset[Passing],
 
 def _context_effects(case: Case, machine: Machine, model: Model, index: int, order: dict[Any, int],
                      effects: Effects, reentrant: bool, replays_autocast: bool = True,
-                     policies: Sequence[Model] = (), recomputing: "set[int] | frozenset[int]" = frozenset()) -> None:
+                     policies: Sequence[Model] = (), recomputing: "set[int] | frozenset[int]" = frozenset(),
+                     models: Sequence[Model] = ()) -> None:
     """What a recompute outside the region's context changes: under ``sdpa_kernel``, an attention
     site on another backend (this machine's own choice); under ``autocast``, the region's first
     matmul in the program's dtype instead of bfloat16 (nothing changes for a bfloat16 program).
     Non-reentrant with a ``message``, the recompute raises; otherwise other gradients (and another
-    mask where the changed site draws)."""
+    mask where the changed site draws).  A site the impl keeps (a SAVE region, where one of `models`
+    is ``skips-save-regions``) is not recomputed and changes nothing."""
     device, message = case.device.value, model.get("message")
     changed: list[tuple[Region, str, bool, "Site | None"]] = []  # region, why, whether a draw changes, site
     chosen_of: dict[str, str] = {}  # site -> the backend its recompute runs on
@@ -638,6 +662,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
         changed += [found for found in attention if not _cpu_math(device, found[3])][:1]
     else:
         pinned_of = _pinned(case.program)
+        keeps_save = any(m.behaviour == "skips-save-regions" for m in models)
         under_autocast = _autocast_sites(case.program) if replays_autocast else frozenset()
         for region in case.program.all_regions():
             if region.passing is not Passing.SDPA_KERNEL:
@@ -645,6 +670,8 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
             for site in region.sites():
                 if site.op not in ATTENTION or site.own_backend or site.name not in pinned_of:
                     continue
+                if keeps_save and site.save is not None:
+                    continue  # kept, not recomputed: it never runs outside the context
                 pinned = PINNED.get(pinned_of[site.name])
                 dtype = _run_dtype(site, under_autocast)
                 chosen = machine.backend(device, site, case.shape, dtype)
@@ -666,7 +693,8 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
     attention_first = {id(region) for region, site in raises_in} if attention_message else set()
     for region, why, drawn, site in changed:
         if attention_message and site is not None and (region, site) in raises_in:
-            effects.raised.append((Raised(RECOMPUTE, order[site.name], attention_message, why, site.index), index))
+            effects.raised.append((Raised(RECOMPUTE, _outside_rank(region, site, order, effects), attention_message,
+                                          why, site.index), index))
             continue
         if id(region) in attention_first:
             continue
@@ -675,7 +703,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
             continue
         # the message is the matmul's dtype error; attention in another dtype raises nothing
         if message and (not reentrant or id(region) in always) and not (autocast and site is not None):
-            rank = order[site.name] if site is not None else order[id(region)]
+            rank = _outside_rank(region, site, order, effects)
             inside = [order[id(inner)] for inner in _regions_inside(region) if id(inner) in recomputing]
             own = any(not isinstance(item, Region) for item in region.items)
             if autocast and site is None and not reentrant and id(region) not in always and (inside or own):
