@@ -49,6 +49,15 @@ def test_entry_problems_name_unknown_impls_and_dead_patterns(tmp_path):
     ]
 
 
+def test_an_entry_beyond_the_matrices_is_no_dead_entry(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[[expect]]\nimpl = "torch"\ncases = ["*-nosuchlayout-*"]\nbeyond_matrix = true\nreason = "r"\n')
+    assert expectations.entry_problems(expectations.load(path), impls.registered()) == []
+    path.write_text('[[expect]]\nimpl = "torch"\ncases = ["*"]\nbeyond_matrix = "yes"\nreason = "r"\n')
+    with pytest.raises(expectations.ExpectationError, match="beyond_matrix must be true or false"):
+        expectations.load(path)
+
+
 ENTRY = Expectation("torch", ("*",), "why", oracles=("recompute-mask",))
 
 

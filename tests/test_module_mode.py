@@ -224,6 +224,27 @@ def test_rounding_needs_every_difference_small_and_no_rng_oracle():
     assert not rounding_only([], ref, ck)
 
 
+def test_a_gradient_of_cancelling_terms_is_measured_against_its_modules_gradients():
+    # BART's key bias under reentrant checkpointing (H100, torch 2.11): softmax makes its gradient
+    # zero up to rounding, so 5.8e-11 against -5.8e-11 is 2 x 10^7 eps of its own magnitude but a
+    # few eps of the key weight's gradient, whose terms it sums.  Its own scale alone called the
+    # run a mismatch; a bias off by as much as the weight's gradient is still no rounding.
+    from harness.check.records import MaskLog, RunRecord
+    from harness.results import Mismatch
+    from harness.run.draws import rounding_only
+
+    ref, ck = RunRecord(MaskLog()), RunRecord(MaskLog())
+    weight = torch.full((4, 4), 1.2e-4)
+    ref.grads[0] = {"param.attn.k_proj.weight": weight, "param.attn.k_proj.bias": torch.tensor([5.8e-11, 0.0]),
+                    "param.other.bias": torch.tensor([1.0])}
+    ck.grads[0] = {"param.attn.k_proj.weight": weight, "param.attn.k_proj.bias": torch.tensor([-5.8e-11, 0.0]),
+                   "param.other.bias": torch.tensor([1.0])}
+    bias = [Mismatch("gradient", "param.attn.k_proj.bias", 0, 1, 2)]
+    assert rounding_only(bias, ref, ck)
+    ck.grads[0]["param.attn.k_proj.bias"] = torch.tensor([1.2e-4, 0.0])
+    assert not rounding_only(bias, ref, ck)
+
+
 def test_torchs_warning_that_explains_an_error_is_shown(capsys):
     # A reentrant checkpoint over a whole model whose only input is integer token ids: no input
     # requires grad, torch warns so, and backward then fails.

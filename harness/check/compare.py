@@ -86,11 +86,12 @@ def bitwise_diff(
     )
 
 
-def scaled_difference(got: torch.Tensor, expected: torch.Tensor) -> float | None:
+def scaled_difference(got: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) -> float | None:
     """The largest element difference of two floating tensors of one shape and dtype, in units of
-    the dtype's machine epsilon times the larger tensor's largest magnitude: a different order of
-    floating-point sums over such terms differs by a few of these units.  0.0 for tensors with no
-    magnitude; None where dtype or shape differ, for non-floating tensors and non-finite values."""
+    the dtype's machine epsilon times the larger tensor's largest magnitude (or `floor`, where that
+    is larger: the magnitude of the terms a sum of cancelling terms was made of): a different order
+    of floating-point sums over such terms differs by a few of these units.  0.0 for tensors with
+    no magnitude; None where dtype or shape differ, for non-floating tensors and non-finite values."""
     if got.dtype != expected.dtype or got.shape != expected.shape or not got.is_floating_point():
         return None
     a, b = got.detach().double().cpu(), expected.detach().double().cpu()
@@ -98,7 +99,7 @@ def scaled_difference(got: torch.Tensor, expected: torch.Tensor) -> float | None
         return 0.0
     if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
         return None
-    scale = max(float(a.abs().max()), float(b.abs().max()))
+    scale = max(float(a.abs().max()), float(b.abs().max()), floor)
     if scale == 0.0:
         return 0.0
     return float((a - b).abs().max()) / (scale * torch.finfo(got.dtype).eps)

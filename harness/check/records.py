@@ -38,6 +38,9 @@ class MaskLog:
     # recomputes (a torch_remat SAVE region): their absence from the recompute is by design.
     saved: set[tuple[int, str]] = field(default_factory=set)
     captured_saved: set[str] = field(default_factory=set)  # as `saved`, for the captured forward
+    # names of draws made on the host (the CPU generator) while a CUDA graph was being captured:
+    # their value is frozen into the graph, every replay repeats it (module mode: not capture-safe)
+    frozen: set[str] = field(default_factory=set)
 
     def start(self, iteration: int) -> None:
         """Begin an iteration; a negative one (warm-up or capture) is not kept as a result."""

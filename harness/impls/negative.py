@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..checkpoint import RNGStatesTracker, StateValues, rng
 from ..checkpoint.generators import device_default_generators
-from ..checkpoint.rng import ValuePolicy, live_generators
+from ..checkpoint.rng import RNGPolicy, ValuePolicy, live_generators, resolve_capture_strategy
 from .base import Adapter
 from .bundled import BundledAdapter
 
@@ -159,7 +159,17 @@ def _from_rank_zero(values: list[torch.Tensor]) -> list[torch.Tensor]:
     return box[0]
 
 
-class RankZeroSnapshotPolicy(ValuePolicy):
+class _RankControlPolicy(ValuePolicy):
+    """A control only ranks catch: in one process it is `bundled`, capture strategy included (the
+    values strategy of the other controls is neg-host-values' bug across separate graphs, seen in
+    the CUDA matrix on an H100, torch 2.11: 49 separate-graph cells of each); with ranks it rewinds
+    with values under capture too, so its bug is exercised in graphs."""
+
+    def strategy(self) -> str:
+        return super().strategy() if _group_world() > 1 else resolve_capture_strategy(RNGPolicy.capture_strategy)
+
+
+class RankZeroSnapshotPolicy(_RankControlPolicy):
     """Bug: every rank takes its snapshot from rank 0 (one snapshot broadcast to the group, as a
     checkpoint that saves RNG state once for all ranks would).  The streams every rank seeds
     alike hold the same values anyway; a stream seeded per TP rank is rewound to rank 0's state
@@ -173,7 +183,7 @@ class RankZeroSnapshotPolicy(ValuePolicy):
         return StateValues([(gen, value) for (gen, _), value in zip(taken.entries, values)])
 
 
-class RankReseedPolicy(ValuePolicy):
+class RankReseedPolicy(_RankControlPolicy):
     """Bug: at the recompute, re-derives each tracker stream seeded per rank (per TP or CP rank)
     from the seed every rank shares (the stream's seed without its rank offset, as code that
     reseeds from the model's seed would), at the right position: the recompute of every rank

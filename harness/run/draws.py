@@ -71,7 +71,30 @@ class DrawLog(TorchDispatchMode):
                 self.log.record(name, drawn)
                 if self.log.phase == FORWARD and drawing_in_save_region():
                     self.log.mark_saved(name)
+                if drawn.device.type == "cpu" and _capturing():
+                    self.log.frozen.add(name)
         return out
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (never asks a torch without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def frozen_only(mismatches: list[Mismatch], frozen: "set[str]") -> bool:
+    """Whether these mismatches are what host draws frozen at capture explain (`MaskLog.frozen`):
+    some forward or recompute draw that differs is frozen, every draw that differs is, and besides
+    them only gradients, outputs, buffers and the CPU generator's end state differ (what follows
+    from other frozen values).  Then the model is not capture-safe, in the reference as much as
+    in the checkpointed run, and no oracle can judge the checkpoint."""
+    def draw(m: Mismatch) -> str:
+        return m.subject.partition(" (recompute ")[0] if " (recompute " in m.subject else m.subject
+
+    masks = [m for m in mismatches if m.oracle in ("forward-mask", "recompute-mask")]
+    if not masks or any(draw(m) not in frozen for m in masks):
+        return False
+    return all(m.oracle in ("forward-mask", "recompute-mask", "gradient", "output", "buffer")
+               or (m.oracle == "live-stream" and m.subject == "cpu") for m in mismatches)
 
 
 def draw_path(name: str) -> str:
@@ -162,17 +185,36 @@ def diagnose(mismatches: list[Mismatch], reference: RunRecord, under_test: RunRe
 
 
 def _scaled(reference: RunRecord, under_test: RunRecord, m: Mismatch) -> float | None:
-    """`compare.scaled_difference` of the two runs' tensors behind a gradient or output mismatch."""
+    """`compare.scaled_difference` of the two runs' tensors behind a gradient or output mismatch.
+    A parameter's gradient is scaled by the largest magnitude among its module's parameter
+    gradients too (`_module_floor`): a sum of terms that cancel (a key projection's bias under
+    softmax: zero up to rounding) is measured against the terms, not against its own near-zero
+    value."""
+    floor = 0.0
     if m.oracle == "gradient":
-        got, expected = (under_test.grads.get(m.iteration, {}).get(m.subject),
-                         reference.grads.get(m.iteration, {}).get(m.subject))
+        grads = reference.grads.get(m.iteration, {})
+        got, expected = under_test.grads.get(m.iteration, {}).get(m.subject), grads.get(m.subject)
+        floor = _module_floor(m.subject, grads)
     else:
         got_all, expected_all = (under_test.draws(m.iteration, m.subject, FORWARD),
                                  reference.draws(m.iteration, m.subject, FORWARD))
         got, expected = (got_all[0], expected_all[0]) if got_all and expected_all else (None, None)
     if got is None or expected is None:
         return None
-    return scaled_difference(got, expected)
+    return scaled_difference(got, expected, floor)
+
+
+def _module_floor(subject: str, grads: "dict[str, torch.Tensor]") -> float:
+    """The largest magnitude of the gradients of the parameters of `subject`'s module
+    (``param.encoder.layers.1.self_attn.k_proj.bias`` -> every ``param.encoder.layers.1.self_attn.k_proj.*``
+    of the same dtype), 0.0 for a subject that is not a parameter's gradient."""
+    if not subject.startswith("param.") or "." not in subject[len("param."):]:
+        return 0.0
+    module = subject.rsplit(".", 1)[0] + "."
+    own = grads.get(subject)
+    siblings = [g for name, g in grads.items() if name.startswith(module) and "." not in name[len(module):]
+                and isinstance(g, torch.Tensor) and own is not None and g.dtype == own.dtype and g.numel()]
+    return max((float(g.detach().abs().max()) for g in siblings), default=0.0)
 
 
 def first_divergent_draw(mismatches: list[Mismatch], draws: list[str]) -> str | None:

@@ -82,7 +82,16 @@ from ..model.programs import Op, ProgramError
 from ..model.spec import parse_program
 from ..results import AS_BUILT
 from .capture import execute
-from .draws import DrawLog, diagnose, draw_op, draw_path, first_divergent_draw, rounding_only, worst_differences
+from .draws import (
+    DrawLog,
+    diagnose,
+    draw_op,
+    draw_path,
+    first_divergent_draw,
+    frozen_only,
+    rounding_only,
+    worst_differences,
+)
 from .execution import must_support
 from .runner import NotReproducible, TrackedRun, declared_unsupported, reproduction_difference
 from .streams import preserved_global_rng, stream_objects
@@ -604,6 +613,16 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
                          "(dropout 0, eval mode, or no RNG op); outputs and gradients matched")
         return
     result.first_divergent = first_divergent_draw(result.mismatches, result.draws)
+    frozen = reference.record.log.frozen | under_test.record.log.frozen
+    if frozen and frozen_only(result.mismatches, frozen):
+        # the model draws on the host inside the captured step: frozen at capture in the
+        # reference too, so the reference is no oracle for the checkpoint here
+        result.outcome = "skipped"
+        result.reason = (f"not capture-safe: {', '.join(sorted(frozen))} drew on the CPU generator during CUDA graph "
+                         f"capture, so its value is frozen into the graph in the reference as much as in the "
+                         f"checkpointed run, and the runs froze different values ({result.first_divergent}); no "
+                         "oracle can judge the checkpoint under capture here (eager, or a draw on the device, can)")
+        return
     if result.mismatches and result.first_divergent is None:
         worst = worst_differences(result.mismatches, reference.record, under_test.record)  # once, for both
         result.diagnosis = diagnose(result.mismatches, reference.record, under_test.record, worst)

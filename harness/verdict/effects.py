@@ -590,8 +590,12 @@ def _invisible_effects(program: Any, effects: Effects, order: dict[Any, int]) ->
     reached, _ = _reached(program.items(), True, invisible, out, body)
     for region in reached:
         if not body[id(region)] and effects.recompute_raises:
+            # raised once the recompute is done (backward through its output): after anything its
+            # body raises (an autocast region's matmul on two dtypes, seen on an H100: megatron,
+            # torch 2.11, (native_dropout.bf16+autocast(list(native_dropout))))
+            after = max((site.index for site in region.sites()), default=-1) + 1
             effects.raised.append((Raised(RECOMPUTE, order[id(region)], message,
-                                          f"{region.name}'s recompute output does not require grad"), index))
+                                          f"{region.name}'s recompute output does not require grad", after), index))
     effects.reached = {id(region) for region in reached}
     effects.fails("gradient", index, f"{hidden[0].name} is entered {hidden[0].passing.value}: it gets no gradient "
                   "path, so its gradients and those of everything upstream of it are missing")

@@ -46,6 +46,9 @@ patterns then only scope it).  The models of every entry of an impl that applies
 (`models.predict`); `find` asks them together at the first of them in the file, and returns the
 deciding entry carrying the prediction as its expected failure.
 
+``beyond_matrix = true`` marks an entry whose cells lie outside the default matrices (a shape the
+fuzzer found): that it matches none of them is then no sign of a dead entry.
+
 ``torch = ">=2.14"`` does the same for the torch under test (``torch.__version__`` where the case
 is judged), for an impl whose own version is not torch's: the bundled checkpoint and its controls
 behave differently where torch's RNG under capture changed (per-capture Philox state).
@@ -79,7 +82,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "cases" / "expectations.toml"
 OUTCOMES = ("pass", *FAILED_OUTCOMES)  # what an entry may expect
 ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "torch", "outcome", "oracles", "message", "name",
-              "unless", "model", "ranks", *FACT_KEYS}
+              "unless", "model", "ranks", "beyond_matrix", *FACT_KEYS}
 MODEL_DECIDES = ("outcome", "oracles", "message")  # what a model entry may not say: its model says it
 
 
@@ -141,6 +144,9 @@ class Expectation:
     prediction: "Prediction | None" = None
     also: tuple[str, ...] = ()
     ranks: int = 1  # the fewest ranks a run needs for the entry to apply (`--ranks N`; 1: any run)
+    # True: its cells lie beyond the default matrices (a shape the fuzzer found), so matching none
+    # of them is no sign of a dead entry
+    beyond_matrix: bool = False
 
     @property
     def outcome(self) -> str:
@@ -319,6 +325,9 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ExpectationError(f"{where} ranks must be a positive integer (the fewest ranks a run needs), "
                                f"not {ranks!r}")
+    beyond_matrix = raw.get("beyond_matrix", False)
+    if not isinstance(beyond_matrix, bool):
+        raise ExpectationError(f"{where} beyond_matrix must be true or false")
     patterns = _string_list(raw["cases"], "cases", where) if "cases" in raw else ()
     unless_raw = raw.get("unless", [])
     unless_raw = unless_raw if isinstance(unless_raw, list) else [unless_raw]
@@ -331,6 +340,7 @@ def _entry(raw: Mapping[str, Any], where: str, number: int = 0) -> Expectation:
     return Expectation(
         raw["impl"], patterns, raw["reason"], raw.get("issue", ""), versions, outcomes, oracles, message,
         tuple(facts.items()), tuple(unless), name, number, torch_range, model, ranks=ranks,
+        beyond_matrix=beyond_matrix,
     )
 
 
@@ -451,9 +461,10 @@ def _predicted(prediction: Prediction) -> str:
 
 
 def unmatched(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[Expectation]:
-    """Entries that match none of `cases` (Cases or ids; dead entries to warn about)."""
+    """Entries that match none of `cases` (Cases or ids; dead entries to warn about), except those
+    whose cells lie beyond the default matrices (``beyond_matrix = true``)."""
     found = list(cases)
-    return [e for e in entries if not any(e.matches_case(case) for case in found)]
+    return [e for e in entries if not e.beyond_matrix and not any(e.matches_case(case) for case in found)]
 
 
 def conflicts(entries: Iterable[Expectation], cases: Iterable[Any]) -> list[str]:
