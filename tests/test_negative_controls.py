@@ -274,3 +274,16 @@ def test_a_copied_alias_is_a_reference_error_naming_the_adapter():
             assert result.error.startswith(
                 "ReferenceCheckError: reference check failed for impl 'neg-copied-alias': tracker alias "
                 "'shared-b' does not share the state of 'shared-a'"), result.error
+
+
+@pytest.mark.parametrize("control", RANKS_ONLY)
+def test_in_one_process_a_rank_control_captures_as_bundled_does(control, monkeypatch):
+    # The CUDA matrix on an H100 (torch 2.11) failed 49 separate-graph cells of each: they rewound
+    # with the values strategy of the other controls (neg-host-values' bug).  One process: bundled's
+    # strategy; with ranks: values, so their bug shows in graphs too.
+    from harness.impls import negative
+
+    policy = impls.load(control).policy
+    assert policy.strategy() == impls.load("bundled").policy.strategy()
+    monkeypatch.setattr(negative, "_group_world", lambda: 2)
+    assert policy.strategy() == "values"
