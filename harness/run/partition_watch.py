@@ -8,8 +8,9 @@ guessing it, the runner watches it: inductor runs every graph it compiles throug
 backward alike; a backward graph is the one whose inputs include the tangents.  The RNG ops named
 in a backward graph are the draws the recompute makes afresh (the checkpoint's own replays, under
 ``run_with_rng_state``, are not plain RNG ops there).  The runner keeps them as a machine fact of
-the case, ``compiled.backward_rng``, which the ``fresh-recompute`` model reads.  A backend other
-than inductor never calls the hook: then nothing is known, and the fact is not recorded.
+the case, ``compiled.backward_rng``, which the ``fresh-recompute`` model reads.  The ``aot_eager``
+backends compile nothing: the same look is taken at the graphs they hand to their no-op compiler
+(`_watching_nop`).  A backend that calls neither leaves nothing known, and the fact is not recorded.
 """
 
 from __future__ import annotations
@@ -59,7 +60,34 @@ def watching(facts: dict[str, Any]) -> Iterator[None]:
     patches = {"post_grad_custom_post_pass": Watch()}
     if hasattr(inductor_config, "fx_graph_cache"):
         patches["fx_graph_cache"] = False  # a cached graph would skip the hook
-    with inductor_config.patch(patches):
+    with inductor_config.patch(patches), _watching_nop(Watch()):
         yield
     if seen["backward"]:
         facts[FACT] = sorted(seen["ops"])
+
+
+@contextlib.contextmanager
+def _watching_nop(look: Any) -> Iterator[None]:
+    """The same look at the graphs of the ``aot_eager`` backends, which compile nothing: they hand
+    each partitioned graph to ``torch._dynamo.backends.debugging.boxed_nop`` (fetched by name when a
+    graph is compiled, `get_nop_func`), here wrapped for the time of the block.  Nothing where this
+    torch has no such function."""
+    try:
+        from torch._dynamo.backends import debugging
+    except ImportError:
+        yield
+        return
+    original = getattr(debugging, "boxed_nop", None)
+    if original is None or not hasattr(debugging, "get_nop_func"):
+        yield
+        return
+
+    def boxed_nop(fx_g: Any, example_inputs: Any) -> Any:
+        look(fx_g.graph)
+        return original(fx_g, example_inputs)
+
+    debugging.boxed_nop = boxed_nop
+    try:
+        yield
+    finally:
+        debugging.boxed_nop = original
