@@ -9,6 +9,8 @@ matching entry must be the one that names the bug (so a fix turns them stale, lo
 
 from __future__ import annotations
 
+import gzip
+import json
 import py_compile
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from machines import h200_torch_2_11
 from harness.model.cases import parse_case_id
 from harness.model.matrix import generate
 from harness.verdict import expectations
+from harness.verdict.audit import record_machine
 
 FINDINGS = Path(__file__).resolve().parents[1] / "findings"
 FILES = sorted(path for path in FINDINGS.glob("*.md") if path.name != "README.md")
@@ -43,6 +46,15 @@ def entries() -> list:
     return expectations.load()
 
 
+@pytest.fixture(scope="module")
+def cpu_records() -> dict:
+    """(impl, case id) -> the committed record of the default CPU matrix: what its run observed
+    (the backward graph's RNG ops a compiled impl's model asks) judges a pinned CPU cell."""
+    path = FINDINGS.parent / "cases" / "records" / "cpu-torch2.13-default.jsonl.gz"
+    with gzip.open(path, "rt") as source:
+        return {(r["impl"], r["case_id"]): r for r in map(json.loads, source)}
+
+
 def test_there_are_findings_and_the_index_lists_each():
     index = (FINDINGS / "README.md").read_text()
     assert len(FILES) >= 6
@@ -51,7 +63,7 @@ def test_there_are_findings_and_the_index_lists_each():
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda path: path.stem)
-def test_a_finding_pins_default_cells_its_expectation_claims(path, default_ids, entries):
+def test_a_finding_pins_default_cells_its_expectation_claims(path, default_ids, entries, cpu_records):
     meta = front_matter(path)
     assert meta["name"] == path.stem
     reproducer = FINDINGS / meta["reproducer"]
@@ -63,8 +75,11 @@ def test_a_finding_pins_default_cells_its_expectation_claims(path, default_ids, 
         assert pin["cases"], f"{path.name}: a pin of {pin['impl']} names no case"
         for case_id in pin["cases"]:
             assert case_id in default_ids, f"{path.name}: {case_id} is not a case of the default matrix"
-            # a CUDA cell is judged as on the H200 the finding was seen on (its attention backends)
-            machine = h200_torch_2_11() if case_id.endswith("-cuda") else None
+            # a CUDA cell is judged as on the H200 the finding was seen on (its attention backends),
+            # a CPU cell with what its recorded run observed
+            recorded = cpu_records.get((pin["impl"], case_id))
+            machine = (h200_torch_2_11() if case_id.endswith("-cuda")
+                       else record_machine(recorded) if recorded else None)
             entry = expectations.find(entries, pin["impl"], parse_case_id(case_id), pin.get("version"),
                                       machine=machine)
             assert entry is not None and entry.name == pin["expectation"], (
