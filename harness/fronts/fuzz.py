@@ -355,19 +355,19 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
             result.stale.append(f"{case.id} ({done.record.expected_entry or '?'})")
         # the machine's doing, or run-to-run noise of a nondeterministic backward: no checkpoint's
         # (judged before the record is kept, which says so for the audit)
-        skipped_failure = None
+        not_judged = False
         if verdict in failing and out_of_device_memory(done.record.error or ""):
             result.out_of_memory += 1
-            skipped_failure = "out of memory"
+            not_judged = True
         elif verdict in failing and not _repeats(done, lambda: run_case(target, case, entries, worker=worker)):
             result.noisy += 1
             done.record.verdict_note = NOT_REPEATED
-            skipped_failure = "noise"
+            not_judged = True
         if on_record is not None:  # after the counts: a record whose write fails (a full disk) is counted too
             on_record(done.record)
         if progress is not None:
             progress(result)
-        if verdict not in failing or skipped_failure:
+        if verdict not in failing or not_judged:
             return
         if signature(done.record) in state["seen"]:
             _count_repeat(result, done)

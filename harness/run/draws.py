@@ -87,11 +87,9 @@ def frozen_only(mismatches: list[Mismatch], frozen: "set[str]") -> bool:
     them only gradients, outputs, buffers and the CPU generator's end state differ (what follows
     from other frozen values).  Then the model is not capture-safe, in the reference as much as
     in the checkpointed run, and no oracle can judge the checkpoint."""
-    def draw(m: Mismatch) -> str:
-        return m.subject.partition(" (recompute ")[0] if " (recompute " in m.subject else m.subject
-
     masks = [m for m in mismatches if m.oracle in ("forward-mask", "recompute-mask")]
-    if not masks or any(draw(m) not in frozen for m in masks):
+    # a recompute draw's subject is 'NAME (recompute K of N)'
+    if not masks or any(m.subject.partition(" (recompute ")[0] not in frozen for m in masks):
         return False
     return all(m.oracle in ("forward-mask", "recompute-mask", "gradient", "output", "buffer")
                or (m.oracle == "live-stream" and m.subject == "cpu") for m in mismatches)
@@ -210,10 +208,12 @@ def _module_floor(subject: str, grads: "dict[str, torch.Tensor]") -> float:
     of the same dtype), 0.0 for a subject that is not a parameter's gradient."""
     if not subject.startswith("param.") or "." not in subject[len("param."):]:
         return 0.0
-    module = subject.rsplit(".", 1)[0] + "."
     own = grads.get(subject)
+    if own is None:
+        return 0.0
+    module = subject.rsplit(".", 1)[0] + "."
     siblings = [g for name, g in grads.items() if name.startswith(module) and "." not in name[len(module):]
-                and isinstance(g, torch.Tensor) and own is not None and g.dtype == own.dtype and g.numel()]
+                and isinstance(g, torch.Tensor) and g.dtype == own.dtype and g.numel()]
     return max((float(g.detach().abs().max()) for g in siblings), default=0.0)
 
 

@@ -33,9 +33,10 @@ def _rng_targets(graph: Any) -> tuple[bool, set[str]]:
 
 @contextlib.contextmanager
 def watching(facts: dict[str, Any]) -> Iterator[None]:
-    """Within it, every graph inductor compiles is looked at; on leaving, `facts[FACT]` is the
-    sorted RNG ops of its backward graphs (empty: none there), where a backward graph was seen.
-    Does nothing where this torch has no such hook."""
+    """Within it, every graph inductor compiles, or an ``aot_eager`` backend hands to its no-op
+    compiler, is looked at; on leaving, `facts[FACT]` is the sorted RNG ops of its backward graphs
+    (empty: none there), where a backward graph was seen.  Does nothing where this torch has no
+    inductor hook."""
     try:
         import torch._inductor.config as inductor_config
         from torch._inductor.custom_graph_pass import CustomGraphPass

@@ -141,21 +141,10 @@ def audit(records: Iterable[Mapping[str, Any]], entries: Sequence[Expectation],
         try:
             case = parse_case_id(str(record.get("case_id", "")))
         except CaseError:
-            result.not_judged["not a matrix or fuzz case (module mode)"] = \
-                result.not_judged.get("not a matrix or fuzz case (module mode)", 0) + 1
-            continue
-        if outcome in ("unsupported", "skipped"):
-            result.not_judged[outcome] = result.not_judged.get(outcome, 0) + 1
-            continue
-        if outcome == "error" and out_of_device_memory(error):
-            result.not_judged["out of device memory"] = result.not_judged.get("out of device memory", 0) + 1
-            continue
-        if str(record.get("verdict_note") or "").startswith(NOT_REPEATED):
-            result.not_judged["not repeated by a second run"] = \
-                result.not_judged.get("not repeated by a second run", 0) + 1
-            continue
-        if outcome == "error" and error.startswith(OUTSIDE_IMPL):
-            result.not_judged["raised outside the impl"] = result.not_judged.get("raised outside the impl", 0) + 1
+            case = None
+        why = unjudged(record, case is not None)
+        if why:
+            result.not_judged[why] = result.not_judged.get(why, 0) + 1
             continue
         fired = list(dict.fromkeys(m.get("oracle", "") for m in record.get("mismatches") or []))
         version = record.get("impl_version")
@@ -215,6 +204,24 @@ def expecting_entry(entries: Sequence[Expectation], impl: str, outcome: str, fir
         return None
     most = max(len(e.oracles) for e in expecting)
     return next(e for e in expecting if len(e.oracles) == most)
+
+
+def unjudged(record: Mapping[str, Any], matrix_case: bool = True) -> str:
+    """Why `record` is judged for no entry ('' where it is judged): not a matrix or fuzz case
+    (`matrix_case` False: module mode), unsupported or skipped, the device out of memory, a fuzz
+    failure a second run did not repeat (`NOT_REPEATED`), an error raised outside the impl."""
+    outcome, error = str(record.get("outcome", "")), str(record.get("error") or "")
+    if not matrix_case:
+        return "not a matrix or fuzz case (module mode)"
+    if outcome in ("unsupported", "skipped"):
+        return outcome
+    if outcome == "error" and out_of_device_memory(error):
+        return "out of device memory"
+    if str(record.get("verdict_note") or "").startswith(NOT_REPEATED):
+        return "not repeated by a second run"
+    if outcome == "error" and error.startswith(OUTSIDE_IMPL):
+        return "raised outside the impl"
+    return ""
 
 
 def record_machine(record: Mapping[str, Any], fallback: "Mapping[str, Any] | None" = None) -> Machine:

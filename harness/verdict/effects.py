@@ -152,7 +152,11 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
     device, reentrant = case.device.value, case.mode.value == "reentrant"
     program = case.program
     effects = Effects()
+    # traits read before the loop: they order the recomputes and say what a recompute reruns
     effects.nested_frames = any(model.behaviour == "nested-frames" for model in models)
+    effects.early_stop = any(model.behaviour == "early-stop" for model in models)
+    effects.save_skip = next(((_kinds(model.get("restored", ()), device), index) for index, model in enumerate(models)
+                              if model.behaviour == "skips-save-regions"), None)
     ranked = backward_order(program.items()) if reentrant else unpack_order(program, effects.nested_frames)
     # non-reentrant: the regions that recompute on their own (ranked by `order` below)
     recomputing = set() if reentrant else {id(r) for r in ranked}
@@ -160,24 +164,21 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
     order = {id(r): n for n, r in enumerate(ranked)}
     for region in program.all_regions():  # outer before inner: a site's innermost region recomputes it
         for site in region.sites():
-            order[site.name] = order[id(region)]
             effects.reruns[site.name] = {id(region)}
     if effects.nested_frames and not reentrant:
-        # an enclosing region's recompute reruns its inner regions' bodies too (up to the point its
-        # own recompute stops): an error a site's op raises comes in the first recompute that
-        # reruns the site
-        # (torch's recompute stops early: up to its last own site or the entry of an inner region
-        # whose input its frame holds, `stop_point`; seen on the CPU, torch 2.13: in
+        # an enclosing region's recompute reruns its inner regions' bodies too, up to the point its
+        # own recompute stops (torch's stops early: at its last own site or the entry of an inner
+        # region whose input its frame holds, `stop_point`; seen on the CPU, torch 2.13: in
         # (sdpa_kernel(sdpa_auto+sdpa_math)) the inner recompute's 'not found in storage' comes
         # first, in ((sdpa_kernel(sdpa_auto+sdpa_math))+native_dropout) the outer one's 'mutated')
-        early = any(model.behaviour == "early-stop" for model in models)
         points = recompute_points(program, True)
         for region in program.all_regions():
-            stop = stop_point(region, True) if early else float("inf")
+            stop = stop_point(region, True) if effects.early_stop else float("inf")
             for site in region.sites():
                 if id(region) in points and stop is not None and site.index < stop:
-                    order[site.name] = min(order[site.name], order[id(region)])
                     effects.reruns[site.name].add(id(region))
+    for site_name, regions in effects.reruns.items():  # an error a site's op raises comes in the first
+        order[site_name] = min(order[rid] for rid in regions)  # recompute that reruns the site
     for index, model in enumerate(models):
         name = model.behaviour
         if name == "unsaved-streams":
@@ -221,7 +222,7 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
                                        for m in models)
             policies = [m for m in models if m.behaviour == "saved-rng-ops"]
             _context_effects(case, machine, model, index, order, effects, reentrant, replays_autocast, policies,
-                             recomputing, models)
+                             recomputing)
         elif name == "not-restored":
             for stream in _kinds(model.get("streams"), device):
                 effects.not_restored.setdefault(stream, index)
@@ -255,12 +256,8 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
                                   + (f" (no {'/'.join(sorted(p.value for p in undone))} context around it puts "
                                      "it back)" if undone else ""))
                     break
-        elif name == "skips-save-regions":
-            effects.save_skip = effects.save_skip or (_kinds(model.get("restored", ()), device), index)
-        elif name == "early-stop":
-            effects.early_stop = True
-        elif name == "nested-frames":
-            pass  # read before the loop: it orders the recomputes
+        elif name in ("nested-frames", "early-stop", "skips-save-regions"):
+            pass  # traits, read before the loop
         elif name == "grouped-input-gradient":
             passing = model.get("passing")
             hit = _grouped_read(program, frozenset(Passing(p) for p in passing) if passing else None,
@@ -626,14 +623,14 @@ def _reached(items: Sequence[Any], arrives: bool, invisible: frozenset[Passing],
 
 def _context_effects(case: Case, machine: Machine, model: Model, index: int, order: dict[Any, int],
                      effects: Effects, reentrant: bool, replays_autocast: bool = True,
-                     policies: Sequence[Model] = (), recomputing: "set[int] | frozenset[int]" = frozenset(),
-                     models: Sequence[Model] = ()) -> None:
+                     policies: Sequence[Model] = (), recomputing: "set[int] | frozenset[int]" = frozenset()
+                     ) -> None:
     """What a recompute outside the region's context changes: under ``sdpa_kernel``, an attention
     site on another backend (this machine's own choice); under ``autocast``, the region's first
     matmul in the program's dtype instead of bfloat16 (nothing changes for a bfloat16 program).
     Non-reentrant with a ``message``, the recompute raises; otherwise other gradients (and another
-    mask where the changed site draws).  A site the impl keeps (a SAVE region, where one of `models`
-    is ``skips-save-regions``) is not recomputed and changes nothing."""
+    mask where the changed site draws).  A site the impl keeps (a SAVE region, where the impl has
+    ``skips-save-regions``: ``effects.save_skip``) is not recomputed and changes nothing."""
     device, message = case.device.value, model.get("message")
     changed: list[tuple[Region, str, bool, "Site | None"]] = []  # region, why, whether a draw changes, site
     chosen_of: dict[str, str] = {}  # site -> the backend its recompute runs on
@@ -666,7 +663,6 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
         changed += [found for found in attention if not _cpu_math(device, found[3])][:1]
     else:
         pinned_of = _pinned(case.program)
-        keeps_save = any(m.behaviour == "skips-save-regions" for m in models)
         under_autocast = _autocast_sites(case.program) if replays_autocast else frozenset()
         for region in case.program.all_regions():
             if region.passing is not Passing.SDPA_KERNEL:
@@ -674,7 +670,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
             for site in region.sites():
                 if site.op not in ATTENTION or site.own_backend or site.name not in pinned_of:
                     continue
-                if keeps_save and site.save is not None:
+                if effects.save_skip is not None and site.save is not None:
                     continue  # kept, not recomputed: it never runs outside the context
                 pinned = PINNED.get(pinned_of[site.name])
                 dtype = _run_dtype(site, under_autocast)
