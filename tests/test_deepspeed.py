@@ -771,13 +771,13 @@ def test_partitioning_needs_a_process_group(standin):
 ])
 def test_partitioning_is_unsupported_where_a_region_input_may_differ_between_ranks(spec, layout, region):
     from harness import rank_context
-    from harness.impls.deepspeed import _entered_after_rank_draw
+    from harness.impls.ranked import entered_after_rank_draw
 
     world, tp, cp = layout
     case = parse_case_id(f"reentrant-{spec}-none-cpu")
     try:
         rank_context.enter(1, world, tp, cp)
-        assert _entered_after_rank_draw(case) == region
+        assert entered_after_rank_draw(case) == region
     finally:
         rank_context.enter(0, 1)
 

@@ -227,14 +227,48 @@ def _unset_checkpointing():
     IS_CHECKPOINTING = False
 
 
+def split_tensor_into_1d_equal_chunks(tensor, new_buffer=False):
+    from megatron.core import parallel_state
+    group = parallel_state.get_tensor_model_parallel_group()
+    size = torch.numel(tensor) // group.size()
+    start = size * group.rank()
+    if new_buffer:
+        data = torch.empty(size, dtype=tensor.dtype, device=tensor.device, requires_grad=False)
+        data.copy_(tensor.view(-1)[start:start + size])
+        return data
+    return tensor.view(-1)[start:start + size]
+
+
+def gather_split_1d_tensor(tensor):
+    import os
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    group = parallel_state.get_tensor_model_parallel_group()
+    gathered = torch.empty(torch.numel(tensor) * group.size(), dtype=tensor.dtype, device=tensor.device)
+    if os.environ.get("STANDIN_MEGATRON_GATHER_OWN_SLICE"):  # a broken gather: this rank's slice everywhere
+        gathered.copy_(tensor.repeat(group.size()))
+    else:
+        dist.all_gather_into_tensor(gathered, tensor, group=group)
+    return gathered
+
+
+def safely_set_viewless_tensor_data(tensor, new_data_tensor):
+    assert tensor._base is None, "the tensor must be viewless"
+    tensor.data = new_data_tensor
+
+
 class CheckpointFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run_function, distribute_saved_activations, *args):
         _set_checkpointing()
         ctx.run_function = run_function
+        ctx.distribute_saved_activations = distribute_saved_activations
         ctx.rng_states = _get_all_rng_states()
         with torch.no_grad():
             outputs = run_function(*args)
+        if distribute_saved_activations:
+            ctx.input_0_shape = args[0].data.shape
+            safely_set_viewless_tensor_data(args[0], split_tensor_into_1d_equal_chunks(args[0].data, new_buffer=True))
         ctx.save_for_backward(*args)
         _unset_checkpointing()
         return outputs
@@ -243,6 +277,8 @@ class CheckpointFunction(torch.autograd.Function):
     def backward(ctx, *args):
         _set_checkpointing()
         inputs = ctx.saved_tensors
+        if ctx.distribute_saved_activations:
+            safely_set_viewless_tensor_data(inputs[0], gather_split_1d_tensor(inputs[0].data).view(ctx.input_0_shape))
         with _fork_rng():
             _set_all_rng_states(*ctx.rng_states)
             detached_inputs = detach_variable(inputs)
@@ -403,6 +439,41 @@ class CheckpointWithoutOutput(object):
             hook_tensor.register_hook(self._recompute)
 '''
 
+MEGATRON_PARALLEL_STATE = '''
+"""CPU stand-in for megatron.core.parallel_state: the tensor-parallel groups only (TP fastest, as
+Megatron's default order tp-cp-ep-dp-pp makes them)."""
+
+import torch.distributed as dist
+
+CALLS = []
+_TENSOR_MODEL_PARALLEL_GROUP = None
+
+
+def initialize_model_parallel(tensor_model_parallel_size=1, context_parallel_size=1, **kwargs):
+    global _TENSOR_MODEL_PARALLEL_GROUP
+    assert _TENSOR_MODEL_PARALLEL_GROUP is None, "tensor model parallel group is already initialized"
+    CALLS.append(dict(tp=tensor_model_parallel_size, cp=context_parallel_size))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for start in range(0, world, tensor_model_parallel_size):
+        ranks = list(range(start, start + tensor_model_parallel_size))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            _TENSOR_MODEL_PARALLEL_GROUP = group
+
+
+def model_parallel_is_initialized():
+    return _TENSOR_MODEL_PARALLEL_GROUP is not None
+
+
+def get_tensor_model_parallel_group():
+    assert _TENSOR_MODEL_PARALLEL_GROUP is not None, "tensor model parallel group is not initialized"
+    return _TENSOR_MODEL_PARALLEL_GROUP
+
+
+def get_tensor_model_parallel_world_size():
+    return get_tensor_model_parallel_group().size()
+'''
+
 CUDA_GRAPHS = '''
 """CPU stand-in for megatron.core.transformer.cuda_graphs: Megatron's own capture flags."""
 
@@ -561,6 +632,7 @@ STANDINS = {
         "megatron/core/tensor_parallel/__init__.py": (
             "from .random import CheckpointWithoutOutput, checkpoint, get_cuda_rng_tracker\n"),
         "megatron/core/tensor_parallel/random.py": MEGATRON_RANDOM,
+        "megatron/core/parallel_state.py": MEGATRON_PARALLEL_STATE,
         "megatron/core/transformer/__init__.py": "",
         "megatron/core/transformer/cuda_graphs.py": CUDA_GRAPHS,
     },
@@ -744,6 +816,68 @@ def test_megatron_checkpoint_is_called_with_distribute_saved_activations_false(m
     assert len(calls) == 2 * runner.ITERATIONS  # two sibling regions per iteration
     assert all(kw["distribute_saved_activations"] is False for kw in calls)
     assert all(kw["names"] == TRACKED_NAMES for kw in calls)
+
+
+# --- megatron-distribute: distribute_saved_activations=True over the TP group of --ranks N (issue 41)
+
+
+def test_megatron_distribute_supports_reasons(megatron, monkeypatch):
+    import torch.distributed as dist
+
+    from harness import rank_context
+
+    adapter = impls.load("megatron-distribute")
+    assert adapter.name == "megatron-distribute" and adapter.version == "0.18.1"
+    assert "it needs one (run with --ranks N)" in adapter.supports(CUDA_CASE)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    monkeypatch.setattr(rank_context, "_current", rank_context.RankContext(1, 2))
+    assert adapter.supports(CUDA_CASE) is None
+    assert "CheckpointWithoutOutput (its non-reentrant path) has none" in adapter.supports(
+        parse_case_id("nonreentrant-tracked-eager-flat-none-cuda"))
+    for capture in ("separate", "single"):
+        assert "which CUDA-graph capture forbids" in adapter.supports(
+            parse_case_id(f"reentrant-tracked-{capture}-flat-none-cuda"))
+    for passing, what in [("list", "a list is not"), ("dict", "a dict is not")]:
+        assert what in adapter.supports(_program_case("reentrant", passing))
+    assert "63 x 65 elements do not divide by TP 2" in adapter.supports(
+        parse_case_id("reentrant-untracked-eager-native_dropout.f32.odd.positional.flat-none-cuda"))
+    two_regions = "eager-(native_dropout)+(native_dropout)-none-cuda"
+    assert adapter.supports(parse_case_id(f"reentrant-tracked-{two_regions}")).endswith("comes before region r1")
+    assert adapter.supports(parse_case_id(f"reentrant-default-{two_regions}")) is None
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")  # one GPU per rank: capturable
+    assert adapter.supports(parse_case_id("reentrant-tracked-single-flat-none-cuda")) is None
+
+
+CPU_DISTRIBUTE_FACTORY = """
+from harness.impls.megatron import MegatronDistributeAdapter
+
+
+def factory():
+    adapter = MegatronDistributeAdapter()
+    adapter.devices = ("cpu", "cuda")  # the stand-in runs on the CPU generator
+    return adapter
+"""
+
+
+def test_megatron_distribute_splits_and_gathers_over_two_cpu_ranks(install, monkeypatch):
+    """The adapter's process-group wiring on two CPU ranks against the stand-in (which splits and
+    gathers as Megatron does): the RNG is right, the program's own input is never the one Megatron
+    empties, and a gather that hands back this rank's slice everywhere is caught."""
+    from harness.run.ranks import run_ranked
+
+    root = install("megatron", STANDINS["megatron"])
+    (root / "megatron_distribute_cpu.py").write_text(CPU_DISTRIBUTE_FACTORY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
+    cases = [parse_case_id(c) for c in ("reentrant-tracked-eager-flat-none-cpu",
+                                        "reentrant-default-eager-nested-draws-cpu",
+                                        "reentrant-default-eager-native_dropout.f32.small.twice.siblings-none-cpu")]
+    results = [result for _, result in run_ranked("megatron_distribute_cpu:factory", cases, 2, 300.0)]
+    assert [r.outcome for r in results] == [Outcome.PASS] * 3, [r.summary() for r in results]
+    monkeypatch.setenv("STANDIN_MEGATRON_GATHER_OWN_SLICE", "1")
+    broken = [result for _, result in run_ranked("megatron_distribute_cpu:factory", cases[:1], 2, 300.0)]
+    assert broken[0].outcome is Outcome.MISMATCH and "gradient" in {m.oracle for m in broken[0].mismatches}, \
+        broken[0].summary()
 
 
 def test_megatron_untracked_cases_get_a_fresh_empty_global_tracker(megatron):

@@ -45,6 +45,7 @@ BUILTIN: dict[str, str] = {
     # every case unsupported (with the import error) when it does not import.
     "megatron": "harness.impls.megatron:make_megatron",
     "megatron-graphsafe": "harness.impls.megatron:make_megatron_graphsafe",
+    "megatron-distribute": "harness.impls.megatron:make_megatron_distribute",
     "transformer-engine": "harness.impls.transformer_engine:make_transformer_engine",
     "deepspeed": "harness.impls.deepspeed:make_deepspeed",
     "deepspeed-partition": "harness.impls.deepspeed:make_deepspeed_partition",

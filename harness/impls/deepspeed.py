@@ -47,11 +47,10 @@ from typing import Any, Callable
 import torch
 
 from .. import rank_context
-from ..model import ops
 from ..model.cases import Case, Layout, Mode, Passing
-from ..model.programs import Region, per_rank_codes
 from .base import Adapter
 from .packages import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
+from .ranked import entered_after_rank_draw, no_group_reason, uncapturable_gather_reason
 
 CHECKPOINTING_MODULE = "deepspeed.runtime.activation_checkpointing.checkpointing"
 DISTRIBUTION = "deepspeed"
@@ -176,29 +175,6 @@ class _TensorParallelGroup:
         return self.group
 
 
-def _entered_after_rank_draw(case: Case) -> "str | None":
-    """The first region (its name) entered after a draw from a stream this rank layout seeds per
-    rank (its input may differ between ranks), or None."""
-    differing = per_rank_codes(rank_context.current().sizes())
-    code = case.streams()
-    drawn = False
-
-    def walk(items: Any) -> "str | None":
-        nonlocal drawn
-        for item in items:
-            if isinstance(item, Region):
-                if drawn:
-                    return item.name
-                found = walk(item.items)
-                if found:
-                    return found
-            elif ops.REGISTRY[item.op].draws and code[item.name] in differing:
-                drawn = True
-        return None
-
-    return walk(case.program.items())
-
-
 class DeepSpeedPartitionAdapter(DeepSpeedAdapter):
     """DeepSpeed's checkpoint configured with ``partition_activations=True`` over the
     tensor-parallel group: each rank keeps its slice of a region's saved inputs, the recompute
@@ -218,12 +194,10 @@ class DeepSpeedPartitionAdapter(DeepSpeedAdapter):
         reason = super().supports(case)
         if reason is not None:
             return reason
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return ("partition_activations splits each region's saved inputs over the model-parallel group: "
-                    "it needs one (run with --ranks N)")
-        region = _entered_after_rank_draw(case)
+        reason = no_group_reason("partition_activations") or uncapturable_gather_reason(case, "partition_activations")
+        if reason is not None:
+            return reason
+        region = entered_after_rank_draw(case)
         if region is not None:
             return ("partition_activations gathers a region's input from every rank's slice, so it must be the "
                     "same on every rank of the tensor-parallel group (a transformer layer's input is); here a draw "

@@ -65,6 +65,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import rank_context
 from ..check.compare import int_view
 from ..model.cases import Case, Device, Layout, Mode, Passing
 from .base import Adapter
@@ -75,6 +76,7 @@ from .packages import (
     graphsafe_apis_missing,
     no_aliases_reason,
 )
+from .ranked import entered_after_rank_draw, no_group_reason, uncapturable_gather_reason
 
 RANDOM_MODULE = "megatron.core.tensor_parallel.random"
 DISTRIBUTION = "megatron-core"
@@ -83,6 +85,7 @@ DISTRIBUTION = "megatron-core"
 # --- Megatron-core -------------------------------------------------------------------------------
 
 _RANDOM = LazyModule(RANDOM_MODULE)
+_PARALLEL_STATE = LazyModule("megatron.core.parallel_state")  # megatron-distribute's groups
 
 
 class MegatronAdapter(PackageAdapter):
@@ -290,9 +293,101 @@ class _ReadsOutputBack(torch.autograd.Function):
         return torch.where(same, grad, torch.full_like(grad, float("nan")))
 
 
+class MegatronDistributeAdapter(MegatronAdapter):
+    """Megatron's reentrant checkpoint with ``distribute_saved_activations=True`` over the
+    tensor-parallel group of ``--ranks N`` (issue 41): ``CheckpointFunction`` keeps this rank's
+    1/TP slice of the region's first argument (``split_tensor_into_1d_equal_chunks``) and
+    all-gathers it before the recompute (``gather_split_1d_tensor``), both over the group
+    ``parallel_state.initialize_model_parallel`` made (Megatron's own, called once per rank with
+    the layout's TP and CP sizes)."""
+
+    name = "megatron-distribute"
+    description = ("megatron.core.tensor_parallel.checkpoint(function, True, *args): distribute_saved_activations, "
+                   "the region's first argument saved split over the tensor-parallel group of --ranks N "
+                   "(parallel_state.initialize_model_parallel) and all-gathered for the recompute")
+
+    def __init__(self) -> None:
+        super().__init__(graphsafe=False)
+        self.name = MegatronDistributeAdapter.name
+        self.description = MegatronDistributeAdapter.description
+
+    def supports(self, case: Case) -> str | None:
+        """As `megatron` in reentrant mode, in a process group (`--ranks N`), eagerly where the
+        group is gloo, for programs whose every region takes a tensor first, the same on every rank
+        of the group, that the TP size divides."""
+        reason = super().supports(case)
+        if reason is not None:
+            return reason
+        what = "distribute_saved_activations"
+        if case.mode is not Mode.REENTRANT:
+            return (f"{what} is an argument of tensor_parallel.checkpoint, Megatron's reentrant checkpoint; "
+                    "CheckpointWithoutOutput (its non-reentrant path) has none")
+        reason = no_group_reason(what) or uncapturable_gather_reason(case, what)
+        if reason is not None:
+            return reason
+        refused = sorted(case.program.passings() & _NO_TENSOR_FIRST.keys(), key=lambda passing: passing.value)
+        if refused:
+            return (f"{what} splits args[0].data (CheckpointFunction.forward: Megatron passes the hidden states "
+                    f"first); {_NO_TENSOR_FIRST[refused[0]]}")
+        tp = rank_context.current().tp
+        rows, cols = case.program.shape_dims
+        if (rows * cols) % tp:
+            return (f"{what} splits the region's first argument into TP equal chunks "
+                    f"(split_tensor_into_1d_equal_chunks: numel // TP elements each, the rest dropped): "
+                    f"{rows} x {cols} elements do not divide by TP {tp}")
+        region = entered_after_rank_draw(case)
+        if region is not None:
+            return (f"{what} gathers a region's first argument from every rank's slice, so it must be the same "
+                    "on every rank of the tensor-parallel group (a transformer layer's input is); here a draw "
+                    f"from a stream seeded per rank comes before region {region}")
+        return None
+
+    def _model_parallel(self) -> Any:
+        """Megatron's parallel_state with its groups made for this rank's layout (once per process)."""
+        state = _PARALLEL_STATE.require()
+        place = rank_context.current()
+        if not state.model_parallel_is_initialized():
+            state.initialize_model_parallel(tensor_model_parallel_size=place.tp, context_parallel_size=place.cp)
+        size = state.get_tensor_model_parallel_world_size()
+        if size != place.tp:
+            raise RuntimeError(f"Megatron-core's tensor-parallel group has {size} ranks, the --ranks layout {place.tp}")
+        return state
+
+    def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
+        """``tensor_parallel.checkpoint(fn, True, *args)`` with the first argument a clone.
+
+        Megatron replaces the first argument's data with this rank's slice after the forward
+        (``safely_set_viewless_tensor_data``) and with the gathered whole before the recompute: its
+        contract is an activation made for the call that nothing else reads, as a layer's hidden
+        states.  A clone is that tensor (autograd goes through it to the program's own, which later
+        items and the gradient oracle still read); an argument passed twice stays one tensor."""
+        random = self.module()
+        self._global_tracker_for(random, tracker)
+        self._model_parallel()
+        if kwargs or not reentrant:
+            raise TypeError("megatron-distribute runs tensor_parallel.checkpoint, with positional arguments only")
+        if not args or not torch.is_tensor(args[0]):
+            raise TypeError("distribute_saved_activations needs a tensor as the region's first argument")
+        first = args[0].clone()
+        args = tuple(first if a is args[0] else a for a in args)
+        return random.checkpoint(fn, True, *args)
+
+
+# Passings whose region gets no tensor as its first argument, and what it gets instead (a closure
+# region is no reentrant case at all: no gradient path).
+_NO_TENSOR_FIRST = {
+    Passing.LIST: "a list is not a tensor",
+    Passing.DICT: "a dict is not a tensor",
+}
+
+
 def make_megatron() -> Adapter:
     return MegatronAdapter(graphsafe=False)
 
 
 def make_megatron_graphsafe() -> Adapter:
     return MegatronAdapter(graphsafe=True)
+
+
+def make_megatron_distribute() -> Adapter:
+    return MegatronDistributeAdapter()
