@@ -488,6 +488,8 @@ def test_a_model_that_raises_without_checkpointing_is_not_the_impls_error():
     assert result.outcome == "skipped"
     assert result.reason.startswith("cannot judge: the model without checkpointing raised under eager capture")
     assert "ValueError: this model raises" in result.reason
+    # where it raised is kept (the record's traceback): the line alone does not say whose code it was
+    assert 'module_factories.py", line' in result.traceback and "in forward" in result.traceback
 
 
 def test_a_model_with_no_rng_draw_is_nothing_to_judge_not_a_pass(capsys):

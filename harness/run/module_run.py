@@ -568,6 +568,8 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
                     raise  # the impl's (or the model's own checkpointing's) error: the outcome
                 # Nothing of the impl's checkpoint ran yet: the model itself (or the tracker it
                 # was given) cannot run like this, and no verdict on the checkpoint can be had.
+                # Where it raised is kept: the line alone does not say whose code it was.
+                result.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
                 raise NotReproducible(
                     f"the model without checkpointing raised under {capture.value} capture, so no oracle "
                     f"can judge the checkpoint: {one_line(exc)} (the model's own code, or the impl's tracker it "

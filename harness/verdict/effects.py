@@ -337,6 +337,8 @@ def _grouped_read(program: Any, passings: "frozenset[Passing] | None" = None, ne
     terms of that tensor one by one, the later reader's first; the checkpoint hands back the
     region's own terms already summed."""
     def reads(region: Region) -> int:
+        if region.passing is Passing.AUTOCAST:
+            return 1  # its body starts with a matmul of its input: the rest reads that (H100 fuzz, megatron)
         first = next(iter(reading_groups(tuple(region.items))), [])
         return sum(2 if isinstance(item, Region) and item.passing is Passing.TWICE  # two arguments
                    else max(1, reads(item)) if isinstance(item, Region) and item.passing not in (
