@@ -849,6 +849,26 @@ def test_megatron_distribute_supports_reasons(megatron, monkeypatch):
     assert adapter.supports(parse_case_id("reentrant-tracked-single-flat-none-cuda")) is None
 
 
+@pytest.mark.parametrize("backend, capture, refused", [
+    ("gloo", "eager", False), ("gloo", "separate", True), ("gloo", "single", True),
+    ("nccl", "single", False), (None, "single", False),  # None: no process group at all
+])
+def test_the_partitioning_impls_refuse_capture_only_over_gloo(monkeypatch, backend, capture, refused):
+    """Both partitioning impls (megatron-distribute, deepspeed-partition) gather in the recompute:
+    over gloo (ranks sharing one GPU) that cannot be captured (seen on an H100: "operation failed
+    due to a previous error during capture" on both ranks), over NCCL it can."""
+    import torch.distributed as dist
+
+    from harness.impls.ranked import uncapturable_gather_reason
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: backend is not None)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    reason = uncapturable_gather_reason(parse_case_id(f"reentrant-tracked-{capture}-flat-none-cuda"), "what")
+    assert (reason is not None) is refused
+    if refused:
+        assert reason.startswith("what all-gathers the saved input in the recompute, over the gloo process group")
+
+
 CPU_DISTRIBUTE_FACTORY = """
 from harness.impls.megatron import MegatronDistributeAdapter
 
