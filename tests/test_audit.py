@@ -184,50 +184,47 @@ def test_the_fuzz_baseline_audits_as_recorded(capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == BASELINE_AUDIT
 
 
-CUDA_BASELINE = ROOT / "cases" / "records" / "baseline" / "cuda-h200-torch2.11-fuzz.jsonl.gz"
-CUDA_BASELINE_AUDIT = ('29933 records: 11951 claimed by 81 entries, 4 wrongly (stale or wrong); 59 failures missed '
-                       'by an entry expecting them; 33 new failures no entry explains; 5873 passes no entry claims; '
-                       'not judged: 124 skipped, 11893 unsupported')
-CUDA_FRESH = ROOT / "cases" / "records" / "baseline" / "cuda-h200-torch2.11-fuzz-fresh.jsonl.gz"
-CUDA_FRESH_AUDIT = ('10403 records: 2376 claimed by 61 entries, 34 wrongly (stale or wrong); 25 failures missed by an '
-                    'entry expecting them; 3 new failures no entry explains; 749 passes no entry claims; not judged: '
-                    '284 raised outside the impl, 278 skipped, 6688 unsupported')
-H100_FUZZ = ROOT / "cases" / "records" / "baseline" / "cuda-h100-torch2.11-fuzz.jsonl.gz"
-H100_FUZZ_AUDIT = ('21822 records: 6785 claimed by 89 entries, 0 wrongly (stale or wrong); 11 failures missed by an '
-                   'entry expecting them; 9 new failures no entry explains; 3314 passes no entry claims; not judged: '
-                   '140 out of device memory, 264 skipped, 11299 unsupported')
-
-
-H100_FRESH = ROOT / "cases" / "records" / "baseline" / "cuda-h100-torch2.11-fuzz-fresh.jsonl.gz"
-H100_FRESH_AUDIT = ('13086 records: 3145 claimed by 37 entries, 0 wrongly (stale or wrong); 14 failures missed by an '
-                    'entry expecting them; 0 new failures no entry explains; 1832 passes no entry claims; not judged: '
-                    '43 skipped, 8052 unsupported')
-
-
-@pytest.mark.parametrize("records, audit, code", [
+# (file under cases/records/baseline, its pinned audit line, the audit's exit code)
+GPU_FUZZ_RECORDS = [
     # The H200's fuzz records (issue 40's proof, 2026-12-05): what the models still get wrong on
     # the GPU stays visible.
-    (CUDA_BASELINE, CUDA_BASELINE_AUDIT, 1),
+    ("cuda-h200-torch2.11-fuzz.jsonl.gz",
+     "29933 records: 11951 claimed by 81 entries, 4 wrongly (stale or wrong); 59 failures missed by an entry "
+     "expecting them; 33 new failures no entry explains; 5873 passes no entry claims; not judged: 124 skipped, "
+     "11893 unsupported", 1),
     # Fresh seeds on the H200 (issue 40, 2026-12-05, the models of cc41a52): the models were
     # corrected from what it found; what they still get wrong there stays visible.
-    (CUDA_FRESH, CUDA_FRESH_AUDIT, 1),
+    ("cuda-h200-torch2.11-fuzz-fresh.jsonl.gz",
+     "10403 records: 2376 claimed by 61 entries, 34 wrongly (stale or wrong); 25 failures missed by an entry "
+     "expecting them; 3 new failures no entry explains; 749 passes no entry claims; not judged: 284 raised outside "
+     "the impl, 278 skipped, 6688 unsupported", 1),
     # 46 impls fuzzed on an H100 (issue 40, 2026-12-05, fresh seeds 7101-7144 and 7201-7202): no
     # claim is wrong; the 11 missed are inductor's precision cells (patterns), the 9 new a
     # nondeterministic attention backward's noise that fuzz now notes in the record; the machine
     # running out of memory (16 searches on one GPU) is no verdict.
-    (H100_FUZZ, H100_FUZZ_AUDIT, 0),
+    ("cuda-h100-torch2.11-fuzz.jsonl.gz",
+     "21822 records: 6785 claimed by 89 entries, 0 wrongly (stale or wrong); 11 failures missed by an entry "
+     "expecting them; 9 new failures no entry explains; 3314 passes no entry claims; not judged: 140 out of device "
+     "memory, 264 skipped, 11299 unsupported", 0),
     # 16 impls fuzzed again on an H100 with seeds the models were not corrected from (issue 40,
     # 2026-12-05, seeds 9301-9316, the models of f9fcdce): 13 wrong claims there taught two fixes
     # (megatron-graphsafe's identity entries leave list and dict regions to reentrant-container's
     # error; grouped-input-gradient counts an autocast region's input as read once, by its matmul);
     # the 14 missed are torch-compile-budget's reduced-precision gradients (an ulp, inductor's
     # casts), explained by a predicate entry that names one cell.
-    (H100_FRESH, H100_FRESH_AUDIT, 0),
-], ids=lambda value: value.name if isinstance(value, Path) else None)
-def test_the_gpu_fuzz_records_audit_as_recorded(records, audit, code, capsys):
+    ("cuda-h100-torch2.11-fuzz-fresh.jsonl.gz",
+     "13086 records: 3145 claimed by 37 entries, 0 wrongly (stale or wrong); 14 failures missed by an entry "
+     "expecting them; 0 new failures no entry explains; 1832 passes no entry claims; not judged: 43 skipped, "
+     "8052 unsupported", 0),
+]
+
+
+@pytest.mark.parametrize("name, audit, code", GPU_FUZZ_RECORDS, ids=[name for name, _, _ in GPU_FUZZ_RECORDS])
+def test_the_gpu_fuzz_records_audit_as_recorded(name, audit, code, capsys):
     # An edit that changes these figures says the new ones here and in cases/records/README.md (each
     # file's kinds of wrong, missed and new).  The machine file answers what a record's own facts lack.
     machine = ROOT / "cases" / "machines" / "h200-torch2.11.json"
+    records = ROOT / "cases" / "records" / "baseline" / name
     assert main(["expectations", "audit", str(records), "--machine", str(machine)]) == code
     assert capsys.readouterr().out.strip().splitlines()[-1] == audit
 

@@ -306,11 +306,6 @@ class MegatronDistributeAdapter(MegatronAdapter):
                    "the region's first argument saved split over the tensor-parallel group of --ranks N "
                    "(parallel_state.initialize_model_parallel) and all-gathered for the recompute")
 
-    def __init__(self) -> None:
-        super().__init__(graphsafe=False)
-        self.name = MegatronDistributeAdapter.name
-        self.description = MegatronDistributeAdapter.description
-
     def supports(self, case: Case) -> str | None:
         """As `megatron` in reentrant mode, in a process group (`--ranks N`), eagerly where the
         group is gloo, for programs whose every region takes a tensor first, the same on every rank

@@ -39,12 +39,17 @@ def entered_after_rank_draw(case: Case) -> "str | None":
     return walk(case.program.items())
 
 
+def _group_up() -> bool:
+    """Whether this process is in a process group (a rank of ``--ranks N``)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 def no_group_reason(what: str) -> "str | None":
     """Why a case of an impl that splits saved inputs over the tensor-parallel group cannot run in
     this process (`what`: the impl's option, for the message), or None where a process group is up."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    if _group_up():
         return None
     return f"{what} splits each region's saved input over the tensor-parallel group: it needs one (run with --ranks N)"
 
@@ -58,7 +63,7 @@ def uncapturable_gather_reason(case: Case, what: str) -> "str | None":
     does not apply."""
     import torch.distributed as dist
 
-    if case.capture is Capture.EAGER or not (dist.is_available() and dist.is_initialized()):
+    if case.capture is Capture.EAGER or not _group_up():
         return None
     backend = str(dist.get_backend())
     if backend != "gloo":

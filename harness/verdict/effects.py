@@ -341,8 +341,8 @@ def _grouped_read(program: Any, passings: "frozenset[Passing] | None" = None, ne
             return 1  # its body starts with a matmul of its input: the rest reads that (H100 fuzz, megatron)
         first = next(iter(reading_groups(tuple(region.items))), [])
         return sum(2 if isinstance(item, Region) and item.passing is Passing.TWICE  # two arguments
-                   else max(1, reads(item)) if isinstance(item, Region) and item.passing not in (
-                       Passing.CLOSURE, Passing.AUTOCAST) else 1 for item in first)
+                   else max(1, reads(item)) if isinstance(item, Region) and item.passing is not Passing.CLOSURE
+                   else 1 for item in first)
 
     def readers(item: Any) -> list[Any]:
         """`item`, or for a closure region (it hands its input on as is) the items of its first
