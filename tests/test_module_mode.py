@@ -488,8 +488,31 @@ def test_a_model_that_raises_without_checkpointing_is_not_the_impls_error():
     assert result.outcome == "skipped"
     assert result.reason.startswith("cannot judge: the model without checkpointing raised under eager capture")
     assert "ValueError: this model raises" in result.reason
+    # the reason names the frame it raised in, past torch's frames that only passed the call on
+    assert "(raised in module_factories.py:" in result.reason and " (forward): the model's own code" in result.reason
     # where it raised is kept (the record's traceback): the line alone does not say whose code it was
     assert 'module_factories.py", line' in result.traceback and "in forward" in result.traceback
+
+
+def test_raised_in_names_the_innermost_frame_outside_torch_and_the_standard_library():
+    from harness.run.module_run import raised_in
+
+    def model_code():
+        # raised in torch's Python frames (Module.__call__, Linear.forward): the frame to name is
+        # this one, which called them
+        torch.nn.Linear(3, 4)(torch.ones(2, 5))
+
+    try:
+        model_code()
+    except RuntimeError as exc:
+        where = raised_in(exc)
+    assert where.startswith("test_module_mode.py:") and where.endswith("(model_code)")
+    try:
+        import json
+        json.loads("{")  # raised inside the standard library: the caller is named
+    except ValueError as exc:
+        assert raised_in(exc).endswith(
+            "(test_raised_in_names_the_innermost_frame_outside_torch_and_the_standard_library)")
 
 
 def test_a_model_with_no_rng_draw_is_nothing_to_judge_not_a_pass(capsys):

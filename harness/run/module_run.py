@@ -61,6 +61,9 @@ import contextvars
 import fnmatch
 import functools
 import inspect
+import os
+import sys
+import sysconfig
 import time
 import traceback
 import warnings
@@ -96,6 +99,22 @@ from .execution import must_support
 from .runner import NotReproducible, TrackedRun, declared_unsupported, reproduction_difference
 from .streams import preserved_global_rng, stream_objects
 from .workload import make_tracker_streams, seed_all
+
+
+def raised_in(exc: BaseException) -> str:
+    """Where `exc` was raised, as ``package/file.py:LINE (function)``: the innermost frame of its
+    traceback outside torch and Python's standard library (whose frames only pass the call on), its
+    path relative to the import root it was loaded from; '' where every frame is theirs."""
+    passing_on = tuple(os.path.join(d, "") for d in (os.path.dirname(torch.__file__),
+                                                      sysconfig.get_paths()["stdlib"]))
+    roots = sorted((os.path.join(os.path.abspath(p), "") for p in sys.path if p), key=len, reverse=True)
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(passing_on):
+            continue
+        root = next((r for r in roots if path.startswith(r)), None)
+        return f"{os.path.relpath(path, root) if root else path}:{frame.lineno} ({frame.name})"
+    return ""
 
 
 class ModuleError(UsageError):
@@ -570,10 +589,11 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
                 # was given) cannot run like this, and no verdict on the checkpoint can be had.
                 # Where it raised is kept: the line alone does not say whose code it was.
                 result.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
+                where = raised_in(exc)
                 raise NotReproducible(
                     f"the model without checkpointing raised under {capture.value} capture, so no oracle "
-                    f"can judge the checkpoint: {one_line(exc)} (the model's own code, or the impl's tracker it "
-                    "was given)") from None
+                    f"can judge the checkpoint: {one_line(exc)} (raised in {where or 'torch'}: the model's own "
+                    "code or a library it calls, or the impl's tracker it was given)") from None
             finally:
                 session.close()
             sessions.append(session)
