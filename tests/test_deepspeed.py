@@ -44,6 +44,7 @@ from harness.impls.packages import LazyModule, TrackerView
 from harness.model.cases import Layout, Mode, parse_case_id
 from harness.model.matrix import generate
 from harness.run import runner
+from harness.run.references import REFERENCES
 from harness.run.runner import Outcome
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -718,8 +719,10 @@ def test_the_tracker_is_reset_between_cases(standin, monkeypatch):
     untracked = runner.run(parse_case_id("nonreentrant-untracked-eager-siblings-draws-cpu"), adapter)
     assert untracked.outcome is Outcome.PASS, untracked.summary()
     assert _calls(standin) and all(kw["names"] == [] for kw in _calls(standin))
-    # Without the reset the next run adds a seed DeepSpeed's tracker has already seen.
+    # Without the reset the next run adds a seed DeepSpeed's tracker has already seen (the case's
+    # checkpointed run after its reference run: made afresh, not the one kept from the runs above).
     monkeypatch.setattr(standin.CudaRNGStatesTracker, "reset", lambda self: None)
+    REFERENCES.clear()
     broken = runner.run(tracked, adapter)
     assert broken.outcome is Outcome.ERROR and "already exists" in broken.error
 

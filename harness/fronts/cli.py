@@ -47,8 +47,9 @@ from ..run.execution import (
     run_case,
     run_cases_ranked,
 )
-from ..run.pool import CasePool
+from ..run.pool import CasePool, by_case
 from ..run.ranks import RankGroup
+from ..run.runner import REFERENCE_RUNS
 from ..verdict import expectations as expectations_mod
 from . import gpus, repro_script, timeline
 
@@ -292,6 +293,9 @@ def _parser() -> argparse.ArgumentParser:
                               "and then the default matrix's wall time in a fresh process; with N, only N cases)")
     p_bench.add_argument("--jobs", default=None, metavar="N[,N]",
                          help="also time the matrix with N isolated case workers (run --jobs N), each count given")
+    p_bench.add_argument("--fuzz", type=int, default=0, metavar="N",
+                         help="also the fuzzer over N generated programs (fixed seed): programs/s and GPU time "
+                              "per program")
     p_bench.add_argument("--json", default="bench.json", metavar="FILE",
                          help="where the figures go (default bench.json)")
     p_bench.add_argument("--allow-unsupported", action="store_true",
@@ -427,8 +431,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                         keep(mine[position], f"ranks{args.ranks}", done.record)
             elif pool is not None:
                 pool.run(work, entries, lambda index, number, done: keep(index, f"w{number}", done.record))
-            else:
-                for index, (target, case) in enumerate(work):
+            else:  # case by case, so each case's reference run is made once (pool.by_case)
+                for index in (i for group in by_case(work) for i in group):
+                    target, case = work[index]
                     keep(index, "main", run_case(target, case, entries).record)
     except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM (stops.Terminated), a failed write (stops.WriteFailed)
         interrupted = f"{stops.describe(stop)} after {len(finished)} of {len(work)} cases"
@@ -514,6 +519,7 @@ class Progress:
         self.tty = sys.stdout.isatty()
         self.counts: Counter[str] = Counter()
         self.started = time.perf_counter()
+        self.reference_runs = self.with_reference = 0  # reference runs made; cases that needed one
 
     def _counts(self) -> str:
         return ", ".join(f"{self.counts[v]} {v}" for v in reporting.VERDICTS if self.counts[v])
@@ -521,6 +527,10 @@ class Progress:
     def update(self, record: CaseRecord) -> None:
         verdict, outcome = Verdict(record.verdict).value, record.outcome.value
         self.counts[verdict] += 1
+        runs = record.extra.get(REFERENCE_RUNS)
+        if runs is not None:
+            self.reference_runs += runs
+            self.with_reference += 1
         done = sum(self.counts.values())
         note = f"\n    {record.verdict_note}" if record.verdict_note else ""
         if self.tty:
@@ -536,7 +546,10 @@ class Progress:
         if self.tty:
             print()
         elapsed = time.perf_counter() - self.started
-        print(f"{sum(self.counts.values())} cases in {elapsed:.1f}s: {self._counts() or 'none'}")
+        references = (f"; {self.reference_runs} reference run{'s' if self.reference_runs != 1 else ''} for the "
+                      f"{self.with_reference} case{'s' if self.with_reference != 1 else ''} that ran"
+                      if self.with_reference else "")
+        print(f"{sum(self.counts.values())} cases in {elapsed:.1f}s: {self._counts() or 'none'}{references}")
         print(f"report: {written}")
 
 
@@ -839,7 +852,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         jobs = [0]
     if any(n < 1 for n in jobs):
         raise UsageError(f"--jobs: every count must be at least 1, got {args.jobs}")
-    figures = bench.bench(target, device, total, matrix_wall=args.cases is None, jobs=jobs)
+    if args.fuzz < 0:
+        raise UsageError(f"--fuzz must be at least 0, got {args.fuzz}")
+    figures = bench.bench(target, device, total, matrix_wall=args.cases is None, jobs=jobs, fuzz_programs=args.fuzz)
     print(bench.render(figures))
     reporting.write_output_file(args.json, bench.json_text(figures), "--json")
     print(f"figures: {args.json}")

@@ -65,6 +65,7 @@ class DeepSpeedAdapter(PackageAdapter):
     name = "deepspeed"
     description = ("deepspeed.checkpointing.checkpoint (reentrant) and non_reentrant_checkpoint "
                    "with DeepSpeed's global CudaRNGStatesTracker")
+    tracker_kind = "deepspeed CudaRNGStatesTracker"  # whose references are shared (`run.references`)
 
     # -- the module under test: deepspeed.runtime.activation_checkpointing.checkpointing (the
     # version from metadata first: importing DeepSpeed pulls in much of its runtime)

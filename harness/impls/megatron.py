@@ -100,6 +100,8 @@ class MegatronAdapter(PackageAdapter):
 
     def __init__(self, graphsafe: bool = False) -> None:
         self.graphsafe = graphsafe
+        # whose references this impl's may share (`run.references`): Megatron's global tracker in one mode
+        self.tracker_kind = f"megatron CudaRNGStatesTracker(use_cudagraphable_rng={graphsafe})"
         if graphsafe:
             self.name = "megatron-graphsafe"
             self.description = (

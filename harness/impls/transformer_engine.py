@@ -46,6 +46,7 @@ _DISTRIBUTED = LazyModule(DISTRIBUTED_MODULE)
 class TransformerEngineAdapter(PackageAdapter):
     name = "transformer-engine"
     description = "transformer_engine.pytorch checkpoint(get_rng_state_tracker=...) with its CudaRNGStatesTracker"
+    tracker_kind = "transformer_engine CudaRNGStatesTracker"  # whose references are shared (`run.references`)
     devices: tuple[str, ...] = (Device.CUDA.value,)  # tests with a CPU stand-in widen this
 
     # the module under test: transformer_engine.pytorch.distributed

@@ -1,4 +1,5 @@
-"""Several isolated case workers at once: one thread per worker process, one queue of cases.
+"""Several isolated case workers at once: one thread per worker process, one queue of cases
+(grouped by case: `by_case`).
 
 The cases of the matrix are small, so one worker process leaves a GPU nearly idle while Python,
 kernel launches and host syncs take the time (issue 26); N workers, each its own process with its
@@ -21,6 +22,16 @@ Work = Sequence[tuple[Any, Any]]  # (execution.Target, Case) pairs
 _DONE = object()
 
 
+def by_case(work: Work) -> list[list[int]]:
+    """The positions in `work`, grouped by case (first appearance first, `work`'s order within a
+    group): one worker runs a group's impls one after another, so the case's reference run is made
+    once there and reused (`references.REFERENCES`)."""
+    groups: dict[str, list[int]] = {}
+    for index, (_, case) in enumerate(work):
+        groups.setdefault(case.id, []).append(index)
+    return list(groups.values())
+
+
 class CasePool:
     """`len(slots)` isolated case workers; slot i's worker sees only GPU ``slots[i]`` (None: the
     parent's devices, as they are)."""
@@ -38,7 +49,8 @@ class CasePool:
         return len(self.workers)
 
     def run(self, work: Work, entries: Sequence[Any], on_done: Callable[[int, int, CaseRun], None]) -> None:
-        """Run every (target, case) of `work`, calling ``on_done(index in work, worker number,
+        """Run every (target, case) of `work`, a case's impls one after another on one worker
+        (`by_case`), calling ``on_done(index in work, worker number,
         CaseRun)`` in this thread as each finishes (in the order they finish).
 
         A KeyboardInterrupt (Ctrl-C, SIGTERM under `stops.stoppable`) or an exception of `on_done`
@@ -46,9 +58,9 @@ class CasePool:
         An exception a worker thread meets outside a case (a worker that cannot start) is raised
         here once the other threads have stopped.
         """
-        todo: queue.Queue[int] = queue.Queue()
-        for index in range(len(work)):
-            todo.put(index)
+        todo: queue.Queue[list[int]] = queue.Queue()
+        for group in by_case(work):
+            todo.put(group)
         finished: queue.Queue[Any] = queue.Queue()
         stop = threading.Event()
 
@@ -56,13 +68,16 @@ class CasePool:
             try:
                 while not stop.is_set():
                     try:
-                        index = todo.get_nowait()
+                        group = todo.get_nowait()
                     except queue.Empty:
                         break
-                    target, case = work[index]
-                    case_run = run_case(target, case, entries, worker=worker)
-                    if not stop.is_set():
-                        finished.put((index, number, case_run))
+                    for index in group:
+                        if stop.is_set():
+                            break
+                        target, case = work[index]
+                        case_run = run_case(target, case, entries, worker=worker)
+                        if not stop.is_set():
+                            finished.put((index, number, case_run))
             except BaseException as exc:  # noqa: BLE001 (handed to the main thread, which raises it)
                 finished.put(exc)
             finally:

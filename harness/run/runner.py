@@ -23,11 +23,15 @@ from ..results import OUTSIDE_IMPL, CaseRecord, Mismatch, Outcome
 from . import ambient
 from .capture import REGISTER_WARNINGS, execute
 from .compiled import run_compiled
+from .references import REFERENCES, Reference, tracker_kind
 from .streams import preserved_global_rng, snapshot_streams, stream_objects
 from .workload import CheckpointFn, Tensors, Workload, alias_problem, make_tracker_streams, seed_all
 
 # The observed fact a case's CUDA graph registrations warned this many times (torch >= 2.14).
 REGISTER_WARNINGS_FACT = "capture.register_warnings"
+
+# The record's field saying how many reference runs its case made (`CaseResult.reference_runs`).
+REFERENCE_RUNS = "reference_runs"
 
 # K >= 2: the second iteration shows what a leaked stream advance does next (spec programs may
 # ask for more: `Program.iterations`).
@@ -60,6 +64,10 @@ class CaseResult:
     # run's backward graph redraws (`partition_watch`).  Kept in the record as its machine facts.
     observed: dict[str, Any] = field(default_factory=dict)
     per_rank: list[dict[str, Any]] = field(default_factory=list)
+    # How many reference runs this case made: 0 where it reused one made for another impl
+    # (`REFERENCES`), 2 with the reproducibility check's second run; None where none was due
+    # (skipped, unsupported, or an error before the reference).
+    reference_runs: int | None = None
 
     @property
     def case_id(self) -> str:
@@ -84,6 +92,8 @@ class CaseResult:
                                 per_rank=list(self.per_rank))
         if self.observed:  # (the judge moves what a model asked of it into machine_facts)
             record.extra["observed"] = dict(self.observed)
+        if self.reference_runs is not None:
+            record.extra[REFERENCE_RUNS] = self.reference_runs
         return record
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,7 +108,7 @@ def result_from_dict(data: dict[str, Any]) -> CaseResult:
         parse_case_id(record.case_id), record.impl, record.outcome, impl_version=record.impl_version,
         reason=record.reason, error=record.error, traceback=record.traceback, mismatches=record.mismatches,
         duration_s=record.duration_s, iterations=record.iterations, timings=record.timings,
-        observed=dict(record.extra.get("observed") or {}),
+        observed=dict(record.extra.get("observed") or {}), reference_runs=record.extra.get(REFERENCE_RUNS),
     )
 
 
@@ -448,11 +458,31 @@ def _run_both(case: Case, impl: Any, name: str, iterations: int, timeline: bool,
     torch.compile (`compiled.run_compiled`); one door either way, one result."""
     checkpoint_with = checkpointing(impl, case, name)
     if getattr(impl, "compiled", False):
-        with _impl_ran():  # the impl compiles the reference too
+        result.reference_runs = 1  # its own: the impl compiles the reference too
+        with _impl_ran():
             result.mismatches = run_compiled(case, impl, name, iterations, checkpoint_with, result.observed)
     else:
         result.mismatches = _run_eager(case, impl, name, iterations, timeline, result, checkpoint_with, keep_masks)
     result.outcome = Outcome.MISMATCH if result.mismatches else Outcome.PASS
+
+
+def _reference(case: Case, iterations: int, timeline: list | None, device: torch.device, tensors: Tensors,
+               make_tracker: Callable[[torch.device], Any] | None, name: str, result: CaseResult) -> Reference:
+    """The reference run of `case`, checked (`check_reference`: else the error names `name`), and
+    run a second time where the program has an op that may not reproduce on the GPU: a second run
+    that differs makes it `unreproducible`.  Counts its runs in ``result.reference_runs``."""
+    result.reference_runs = 1
+    reference, workload = _execute(case, iterations, timeline, device, tensors, make_tracker, None)
+    check_reference(reference, workload.site_streams(), iterations, str(device), name,
+                    drawing=workload.drawing_sites())
+    if not all(ops.REGISTRY[op].reproducible for op in case.program.ops()) and device.type == "cuda":
+        result.reference_runs = 2
+        again, _ = _execute(case, iterations, None, device, tensors, make_tracker, None)
+        try:
+            require_reproducible(case, reference, again, workload.output_names(), iterations)
+        except NotReproducible as exc:
+            return Reference(tensors=tensors, unreproducible=str(exc))
+    return Reference(reference, workload, tensors)
 
 
 def _run_eager(case: Case, impl: Any, name: str, iterations: int, timeline: bool, result: CaseResult,
@@ -466,17 +496,23 @@ def _run_eager(case: Case, impl: Any, name: str, iterations: int, timeline: bool
     # ambient.preserved: an impl that leaks global state (SDPA flags, default dtype) must not
     # change the cases after it; the ambient oracle reports the leak in this one.
     with ambient.preserved(), preserved_global_rng(), ops.determinism(case.program.ops()):
-        tensors = Tensors.make(case, device)
         make_tracker = getattr(impl, "make_tracker", None)
         timelines = result.timelines = {"reference": [], "checkpointed": []} if timeline else {}
+        # A timeline is the reference's own events: only a reference run now records them.
+        kind = None if timeline else tracker_kind(impl)
+        key = None if kind is None else (case.id, iterations, str(device), kind)
+        kept = REFERENCES.get(key)
+        # The case's inputs: every run takes fresh leaf copies of them (`Tensors.fresh_leaves`).
+        tensors = kept.tensors if kept is not None else Tensors.make(case, device)
         clock.lap("setup")
-        reference, workload = _execute(case, iterations, timelines.get("reference"), device, tensors,
-                                       make_tracker, None)
-        check_reference(reference, workload.site_streams(), iterations, str(device), name,
-                        drawing=workload.drawing_sites())
-        if not all(ops.REGISTRY[op].reproducible for op in case.program.ops()) and device.type == "cuda":
-            again, _ = _execute(case, iterations, None, device, tensors, make_tracker, None)
-            require_reproducible(case, reference, again, workload.output_names(), iterations)
+        result.reference_runs = 0
+        if kept is None:
+            kept = _reference(case, iterations, timelines.get("reference"), device, tensors, make_tracker, name,
+                              result)
+            REFERENCES.put(key, kept)
+        if kept.unreproducible:
+            raise NotReproducible(kept.unreproducible)
+        reference, workload = kept.record, kept.workload
         clock.lap("reference")
         with _impl_ran():
             checkpointed, _ = _execute(case, iterations, timelines.get("checkpointed"), device, tensors,
