@@ -414,20 +414,63 @@ def test_bench_times_the_matrix_with_n_workers_and_checks_their_verdicts(monkeyp
 
 
 def test_bench_sets_each_figure_beside_its_target():
+    from harness.fronts import bench
     from harness.fronts.bench import against_targets
 
     figures = {
-        "per_capture": [{"capture": "eager", "pass": 2, "cases": 100, "cases_per_s": 50.0, "harness_over_bare": 1.4},
-                        {"capture": "single", "pass": 2, "cases": 100, "cases_per_s": 25.0, "harness_over_bare": 1.6}],
-        "workers": [{"workers": 4, "cases_per_s": 90.0}, {"workers": 8, "cases_per_s": 120.0}],
+        "per_capture": [{"capture": "eager", "pass": 2, "cases": 100, "cases_per_s": 50.0, "harness_over_bare": 1.1},
+                        {"capture": "single", "pass": 2, "cases": 100, "cases_per_s": 25.0, "harness_over_bare": 1.3}],
+        "workers": [{"workers": 4, "cases_per_s": 90.0}, {"workers": 8, "cases_per_s": 320.0}],
+        "fuzz": {"programs_per_s": 42.0},
         "memory_flat": {"reserved_MiB": "flat: 1 after pass 2 (740 cases), 1 after pass 4 (1480 cases), +0.0%",
                         "allocated_MiB": "growing: 1 after pass 2 (740 cases), 2 after pass 4 (1480 cases), +100.0%",
                         "host_rss_MiB": "not measured (fewer than two passes over the matrix)"},
     }
     rows = {row["figure"]: (row["measured"], row["met"]) for row in against_targets(figures)}
     assert rows["cases/s, one process (pass 2)"] == (33.3, False)  # 200 cases in 2 + 4 s
-    assert rows["cases/s, 8 isolated workers"] == (120.0, True)
-    assert rows["harness/bare, eager"] == (1.4, True) and rows["harness/bare, single"] == (1.6, False)
+    assert rows["cases/s, 8 isolated workers"] == (320.0, True)  # issue 42: >= 300 with eight
+    assert rows["harness/bare, eager"] == (1.1, True) and rows["harness/bare, single"] == (1.3, False)  # <= 1.2
+    assert rows["fuzz programs/s, one search"] == (42.0, False)  # >= 50
+    assert bench.worker_overhead_ms({**figures, "workers": [{"workers": 1, "cases_per_s": 20.0}]}) == \
+        pytest.approx(50.0 - 1e3 * 6 / 200)  # 50 ms a case in one worker, 30 in this process
     assert rows["reserved_MiB over the second half"] == ("+0.0%", True)
     assert rows["allocated_MiB over the second half"] == ("+100.0%", False)
     assert rows["host_rss_MiB over the second half"][1] == "-"
+    # fewer than eight workers: the eight-worker target is not judged on them
+    fewer = against_targets({**figures, "workers": [{"workers": 4, "cases_per_s": 400.0}]})
+    assert {r["figure"]: r["met"] for r in fewer}["cases/s, 4 isolated workers"] == "-"
+
+
+def test_bench_profile_sums_a_passs_own_time_by_what_spends_it():
+    from harness.fronts import bench_limit
+    from harness.model.cases import parse_case_id
+    from harness.run.execution import load_targets, run_case
+    from harness.verdict import expectations
+
+    [target] = load_targets(["bundled"])
+    entries = expectations.load()
+    case = parse_case_id("nonreentrant-tracked-eager-flat-none-cpu")
+    profile = bench_limit.where_time_goes(lambda: len([run_case(target, case, entries) for _ in range(2)]))
+    parts = {row["part"]: row for row in profile["parts"]}
+    assert profile["cases"] == 2
+    # a case runs its workload, its oracles and torch's C++: each shows, with its time per case
+    for part in (bench_limit.TORCH_CPP, "oracles and records (mask copies, comparisons)",
+                 "program: build and workload (sites, regions, tensors)"):
+        assert parts[part]["seconds"] > 0 and parts[part]["ms_per_case"] == pytest.approx(
+            parts[part]["seconds"] * 1e3 / 2, abs=0.5)  # (seconds are rounded to 1 ms)
+    assert [r["seconds"] for r in profile["parts"]] == sorted((r["seconds"] for r in profile["parts"]), reverse=True)
+    # no GPU, no kernel time: said as nothing measured, not as zero
+    assert bench_limit.kernel_ms_by_capture(target, [case], entries) == {}
+
+
+def test_bench_profile_parts_follow_the_files_that_spend_the_time():
+    from harness.fronts.bench_limit import HARNESS, OTHER, TORCH, TORCH_CPP, TORCH_PY, WAITING, _part
+
+    assert _part(HARNESS + "check/oracles.py", "check") == "oracles and records (mask copies, comparisons)"
+    assert _part(HARNESS + "run/ambient.py", "snapshot") == "ambient snapshots"
+    assert _part(HARNESS + "run/runner.py", "run") == "runner (sessions, references, isolation)"
+    assert _part(TORCH + "autograd/graph.py", "backward") == TORCH_PY
+    assert _part("~", "<built-in method torch._C._cuda_synchronize>") == WAITING
+    assert _part("~", "<method 'item' of 'torch._C.TensorBase' objects>") == WAITING
+    assert _part("~", "<built-in method torch.rand>") == TORCH_CPP
+    assert _part("~", "<method 'acquire' of '_thread.lock' objects>") == OTHER
