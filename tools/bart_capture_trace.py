@@ -9,6 +9,12 @@ bare, with torch's deterministic mode (warn-only, as module mode sets it on CUDA
 embedding with and without ``padding_idx`` (BART's embeddings have one; GPT-2's and T5's have not).
 
     python tools/bart_capture_trace.py
+
+What the H100 gave (2026-12-05): BART's train step raises bare too, deterministic mode off and on,
+in ``transformers/masking_utils.py:604`` (``eager_mask``): ``torch.where(mask, torch.tensor(0.0,
+device=mask.device, dtype=dtype), min_dtype)``, an unpinned host-to-device copy, which torch 2.11
+refuses during capture.  Embeddings with and without ``padding_idx`` captured: not the cause.
+transformers 5.23 builds the scalar with ``torch.zeros((), device=...)``, and BART captures.
 """
 
 import sys

@@ -640,10 +640,12 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
         # the model draws on the host inside the captured step: frozen at capture in the
         # reference too, so the reference is no oracle for the checkpoint here
         result.outcome = "skipped"
+        how = (f"and the runs froze different values ({result.first_divergent})" if result.first_divergent else
+               "and every replay repeats it (fresh-randomness), in the reference too")
         result.reason = (f"not capture-safe: {', '.join(sorted(frozen))} drew on the CPU generator during CUDA graph "
                          f"capture, so its value is frozen into the graph in the reference as much as in the "
-                         f"checkpointed run, and the runs froze different values ({result.first_divergent}); no "
-                         "oracle can judge the checkpoint under capture here (eager, or a draw on the device, can)")
+                         f"checkpointed run, {how}; no oracle can judge the checkpoint under capture here (eager, "
+                         "or a draw on the device, can)")
         return
     if result.mismatches and result.first_divergent is None:
         worst = worst_differences(result.mismatches, reference.record, under_test.record)  # once, for both
