@@ -15,7 +15,7 @@ from harness.model.matrix import generate
 from harness.model.programs import Dtype, Op, Passing, ProgramError, Shape, format_spec
 from harness.model.spec import SpecProgram, parse_program, parse_spec
 from harness.run.runner import _execute
-from harness.run.workload import Tensors
+from harness.run.workload import RunNames, Tensors
 
 EXAMPLE = "bf16.odd.x3:list(rand@t+dropout.f32+keyword(randn@a))+bernoulli_@b+autocast(uniform_)"
 
@@ -76,11 +76,10 @@ def test_a_named_programs_spec_runs_exactly_as_the_named_program(name, layout):
     bundled = load("bundled")
     records = []
     for case in (named, spec):
-        record, workload = _execute(case, 2, None, device, Tensors.make(case, device), bundled.make_tracker, None)
-        records.append((record, workload))
-    (first, workload), (second, _) = records
+        records.append(_execute(case, 2, None, device, Tensors.make(case, device), bundled.make_tracker, None))
+    first, second = records
     # (no checkpointed sites: a reference recomputes nothing)
-    assert oracles.check(first, second, [], 2, workload.output_names(), drawing=[]) == []
+    assert oracles.check(first, second, [], 2, RunNames.of(named).outputs, drawing=[]) == []
     assert first.log.masks.keys() == second.log.masks.keys()
 
 

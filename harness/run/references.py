@@ -46,12 +46,13 @@ def tracker_kind(impl: Any) -> str | None:
 
 @dataclass
 class Reference:
-    """A checked reference run: its record and workload (the sites and names the oracles read)
-    and the case's input tensors it ran on (`workload.Tensors`: later runs take fresh copies), or,
-    where a second run differed, why it cannot be judged (`unreproducible`)."""
+    """A checked reference run: its record, the names the oracles read (`workload.RunNames`) and
+    the case's input tensors it ran on (`workload.Tensors`: later runs take fresh copies), or,
+    where a second run differed, why it cannot be judged (`unreproducible`).  No run's session or
+    workload is kept: they hold its leaves, gradients and a captured graph's buffers."""
 
     record: Any = None
-    workload: Any = None
+    names: Any = None
     tensors: Any = None
     unreproducible: str = ""
 

@@ -16,6 +16,8 @@ before it trusts it.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -122,6 +124,25 @@ class Tensors:
         x = self.x.clone().requires_grad_(True)
         weights = {k: v.clone().requires_grad_(True) for k, v in self.weights.items()}
         return x, weights
+
+
+@dataclass(frozen=True)
+class RunNames:
+    """What the oracles read of a case's program besides the runs' records (`Workload`'s names,
+    without a workload): the checkpointed sites, the drawing sites, the outputs kept, and each
+    site's tracker stream."""
+
+    checkpointed: list[str]
+    drawing: list[str]
+    outputs: list[str]
+    site_streams: dict[str, str | None]
+
+    @classmethod
+    def of(cls, case: Case) -> "RunNames":
+        program = case.program
+        return cls([site.name for site in program.checkpointed_sites()],
+                   [site.name for site in program.sites() if ops.REGISTRY[site.op].draws],
+                   [*(region.name for region in program.all_regions()), LOSS], dict(case_streams(case)))
 
 
 def torch_dtype(dtype: Dtype) -> torch.dtype:
@@ -279,7 +300,11 @@ class Workload:
             # Fires once the gradient of the region's input is complete: after the region's
             # backward, and so after its recompute.  Top-level regions only: an inner region's
             # forward tensors are not the ones a recompute's backward runs through.
-            h.register_hook(lambda grad, name=item.name: self.point(f"in backward, after {name}'s recompute"))
+            # The hook reaches the session's `point` through a weak reference: a tensor's hook that
+            # held its run made a reference cycle (tensor -> hook -> run -> its tensors), and every
+            # run's tensors waited for Python's cyclic collector (device memory, issue 42).
+            point = weakref.WeakMethod(self.point) if inspect.ismethod(self.point) else lambda p=self.point: p
+            h.register_hook(lambda grad, name=item.name, point=point: point()(f"in backward, after {name}'s recompute"))
         out = self._call(item, h)
         if top_level and self.point is not None:  # the caller's state once the region returned
             self.point(f"after {item.name} forward")
@@ -321,15 +346,15 @@ class Workload:
 
     def checkpointed_sites(self) -> list[str]:
         """Names of the sites inside a checkpointed region."""
-        return [site.name for site in self.program.checkpointed_sites()]
+        return RunNames.of(self.case).checkpointed
 
     def drawing_sites(self) -> list[str]:
         """Names of the sites whose op draws random numbers (all but ``nodraw`` ones)."""
-        return [site.name for site in self.program.sites() if ops.REGISTRY[site.op].draws]
+        return RunNames.of(self.case).drawing
 
     def output_names(self) -> list[str]:
         """Names under which region outputs (every region, nested ones too) and the loss are kept."""
-        return [*(region.name for region in self.program.all_regions()), LOSS]
+        return RunNames.of(self.case).outputs
 
     def site_streams(self) -> dict[str, str | None]:
         """Site name -> tracker stream name (None: the default generator)."""
