@@ -374,6 +374,8 @@ def test_bench_with_cases_runs_that_many_and_nothing_else(tmp_path, monkeypatch,
     rows = figures["memory_by_pass"]  # after the warm-up, then after the (partial) pass
     assert [(r["pass"], r["cases"]) for r in rows] == [(0, 0), (1, 3)] and rows[-1]["host_rss_MiB"] > 0
     assert figures["memory_flat"]["host_rss_MiB"].startswith("not measured (fewer than two passes")
+    # the profile of a warm pass covers the cases the bench ran, not the whole matrix
+    assert figures["profile"]["cases"] == 3 and figures["kernel_ms_not_measured"] is None
 
 
 def test_bench_says_whether_memory_stayed_flat_over_the_second_half_of_the_run():

@@ -181,11 +181,14 @@ def bench(target: Target, device: str, total_cases: int, matrix_wall: bool = Tru
         pass_seconds.append(time.perf_counter() - pass_start)
         by_pass.append(memory_now(len(by_pass), done))  # a whole pass, or the part the total allowed
     memory[f"reserved_after_{done}_MiB"] = _reserved_mib()
+    # The limit's figures over the cases the bench ran (`--cases 3`: those three, not the matrix).
+    ran = cases[:min(len(cases), total_cases)]
+    kernel_error = None
     try:
-        kernel = bench_limit.kernel_ms_by_capture(target, cases, entries)
+        kernel = bench_limit.kernel_ms_by_capture(target, ran, entries)
     except Exception as exc:  # a profiler that cannot run here: the figure is missing, said so
-        kernel, memory["kernel_ms_not_measured"] = {}, f"{type(exc).__name__}: {exc}"[:200]
-    profile = bench_limit.where_time_goes(lambda: len([run_case(target, case, entries) for case in cases]))
+        kernel, kernel_error = {}, f"{type(exc).__name__}: {exc}"[:200]
+    profile = bench_limit.where_time_goes(lambda: len([run_case(target, case, entries) for case in ran]))
     rows = []
     for capture, phases in per_capture.items():
         n = len(phases["total"])
@@ -198,18 +201,18 @@ def bench(target: Target, device: str, total_cases: int, matrix_wall: bool = Tru
             "kernel_ms": kernel.get(capture),
             "wall_over_kernel": round(mean["total"] * 1e3 / kernel[capture], 1) if kernel.get(capture) else None,
         })
-    first_pass_cases = min(len(cases), total_cases)
     figures = {
         "impl": impl_name, "device": device, "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none",
         "per_capture": rows, "memory": memory, "cases_run": done,
-        "first_pass_cases_per_s": round(first_pass_cases / pass_seconds[0], 1),
+        "first_pass_cases_per_s": round(len(ran) / pass_seconds[0], 1),
         "memory_by_pass": by_pass, "memory_flat": flatness(by_pass),
         "peak_host_rss_MiB": round(_peak_rss_mib(), 1),
         "default_matrix_wall_s_from_process_start":
             round(_default_matrix_wall(impl_name, device), 2) if matrix_wall else None,
         "workers": [pool_throughput(target, cases, entries, n) for n in jobs],
         "profile": profile,
+        "kernel_ms_not_measured": kernel_error,
         "fuzz": bench_limit.fuzz_figures(target, device, entries, fuzz_programs) if fuzz_programs else None,
     }
     figures["worker_overhead_ms"] = worker_overhead_ms(figures)
@@ -320,6 +323,8 @@ def render(figures: dict[str, Any]) -> str:
                   tabulate([figures["fuzz"]], headers="keys", tablefmt="github"), ""]
     extra = {**{k: v for k, v in figures["memory"].items()},
              "peak_host_rss_MiB": figures["peak_host_rss_MiB"],
+             **({"kernel_ms_not_measured": figures["kernel_ms_not_measured"]}
+                if figures.get("kernel_ms_not_measured") else {}),
              "default_matrix_wall_s_from_process_start":
                  figures["default_matrix_wall_s_from_process_start"] or "not measured (--cases N)"}
     lines.append(tabulate(extra.items(), headers=["figure", "value"], tablefmt="github"))
