@@ -466,12 +466,13 @@ def test_bench_profile_sums_a_passs_own_time_by_what_spends_it():
 
 
 def test_bench_profile_parts_follow_the_files_that_spend_the_time():
-    from harness.fronts.bench_limit import HARNESS, OTHER, TORCH, TORCH_CPP, TORCH_PY, WAITING, _part
+    from harness.fronts.bench_limit import HARNESS, OTHER, TORCH_CPP, TORCH_PY, WAITING, _part
+    from harness.run.runner import TORCH_DIR
 
     assert _part(HARNESS + "check/oracles.py", "check") == "oracles and records (mask copies, comparisons)"
     assert _part(HARNESS + "run/ambient.py", "snapshot") == "ambient snapshots"
     assert _part(HARNESS + "run/runner.py", "run") == "runner (sessions, references, isolation)"
-    assert _part(TORCH + "autograd/graph.py", "backward") == TORCH_PY
+    assert _part(TORCH_DIR + "autograd/graph.py", "backward") == TORCH_PY
     assert _part("~", "<built-in method torch._C._cuda_synchronize>") == WAITING
     assert _part("~", "<method 'item' of 'torch._C.TensorBase' objects>") == WAITING
     assert _part("~", "<built-in method torch.rand>") == TORCH_CPP

@@ -24,11 +24,11 @@ def judged(impl: str, entries=()):
 def test_an_error_in_the_harness_own_code_is_not_blamed_on_the_impl(monkeypatch):
     # A real slip of the harness's own code: a method called with arguments it does not take (the
     # TypeError is raised in the harness's frame; a function defined here would be a foreign frame).
-    monkeypatch.setattr(workload.Workload, "forward", workload.Workload.output_names)
+    monkeypatch.setattr(workload.Workload, "forward", workload.Tensors.fresh_leaves)
     entry = Expectation("bundled", (CASE,), "an entry that would excuse any error", outcomes=("error",))
     result, record = judged("bundled", [entry])
     assert result.outcome is Outcome.ERROR
-    assert result.error.startswith(runner.OUTSIDE_IMPL + "TypeError: Workload.output_names() takes 1")
+    assert result.error.startswith(runner.OUTSIDE_IMPL + "TypeError: Tensors.fresh_leaves() takes 1")
     assert record.verdict is Verdict.FAIL and record.expected_failure == ""  # no entry excuses it
     assert "not a verdict on bundled" in record.verdict_note
 

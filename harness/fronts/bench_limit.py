@@ -26,9 +26,9 @@ import torch
 
 from ..model.cases import Case, Device
 from ..run.execution import Target, run_case
+from ..run.runner import TORCH_DIR
 
 HARNESS = str(Path(__file__).resolve().parents[1]) + os.sep
-TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
 
 # What spends the time, by the harness's own file (relative to harness/), first match wins.
 _HARNESS_PARTS = (
@@ -61,7 +61,7 @@ def _part(filename: str, name: str) -> str:
             if rel.startswith(prefixes):
                 return part
         return OTHER
-    return TORCH_PY if path.startswith(TORCH) else OTHER
+    return TORCH_PY if path.startswith(TORCH_DIR) else OTHER
 
 
 def where_time_goes(run_pass: Callable[[], int]) -> dict[str, Any]:

@@ -63,11 +63,11 @@ import functools
 import inspect
 import os
 import sys
-import sysconfig
 import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -96,7 +96,14 @@ from .draws import (
     worst_differences,
 )
 from .execution import must_support
-from .runner import NotReproducible, TrackedRun, declared_unsupported, reproduction_difference
+from .runner import (
+    STDLIB_DIR,
+    TORCH_DIR,
+    NotReproducible,
+    TrackedRun,
+    declared_unsupported,
+    reproduction_difference,
+)
 from .streams import preserved_global_rng, stream_objects
 from .workload import make_tracker_streams, seed_all
 
@@ -105,12 +112,10 @@ def raised_in(exc: BaseException) -> str:
     """Where `exc` was raised, as ``package/file.py:LINE (function)``: the innermost frame of its
     traceback outside torch and Python's standard library (whose frames only pass the call on), its
     path relative to the import root it was loaded from; '' where every frame is theirs."""
-    passing_on = tuple(os.path.join(d, "") for d in (os.path.dirname(torch.__file__),
-                                                      sysconfig.get_paths()["stdlib"]))
     roots = sorted((os.path.join(os.path.abspath(p), "") for p in sys.path if p), key=len, reverse=True)
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        path = os.path.abspath(frame.filename)
-        if path.startswith(passing_on):
+        path = str(Path(frame.filename).resolve())
+        if path.startswith((TORCH_DIR, STDLIB_DIR)):
             continue
         root = next((r for r in roots if path.startswith(r)), None)
         return f"{os.path.relpath(path, root) if root else path}:{frame.lineno} ({frame.name})"

@@ -326,11 +326,12 @@ def declared_unsupported(impl: Any, name: str, case: Case) -> str | None:
 
 # The harness's own code: a frame here is not the impl's (impls/ and checkpoint/ are impls' code).
 _CORE = tuple(str(Path(__file__).resolve().parents[1] / part) + os.sep for part in ("run", "check", "model"))
-_TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
-_STDLIB = os.path.dirname(os.__file__) + os.sep
+# torch's and the standard library's directories (module mode's `raised_in` skips their frames too)
+TORCH_DIR = str(Path(torch.__file__).resolve().parent) + os.sep
+STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
 # torch's checkpoint and compiler machinery: only an impl brings it in (torch's checkpoint, SAC,
 # checkpoint_wrapper, torch.compile), so a frame there is the impl's, not the harness's.
-_TORCH_IMPL = tuple(_TORCH + part for part in ("utils/checkpoint.py", "_dynamo", "_inductor", "_functorch",
+_TORCH_IMPL = tuple(TORCH_DIR + part for part in ("utils/checkpoint.py", "_dynamo", "_inductor", "_functorch",
                                                "distributed/algorithms/_checkpoint"))
 
 
@@ -364,7 +365,7 @@ def raised_by_impl(exc: BaseException) -> bool:
         filename = str(Path(code.co_filename).resolve()) if code.co_filename[:1] not in ("<", "") else ""
         if code.co_name == "call_impl" or not filename:
             return True
-        if filename.startswith(_TORCH_IMPL) or not filename.startswith((*_CORE, _TORCH, _STDLIB)):
+        if filename.startswith(_TORCH_IMPL) or not filename.startswith((*_CORE, TORCH_DIR, STDLIB_DIR)):
             return True
         tb = tb.tb_next
     return False

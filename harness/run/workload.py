@@ -343,19 +343,3 @@ class Workload:
             for name in self.tracker.names():
                 with self.tracker.fork(name):
                     torch.rand(INTERLEAVE_NUMEL, device=self.device)
-
-    def checkpointed_sites(self) -> list[str]:
-        """Names of the sites inside a checkpointed region."""
-        return RunNames.of(self.case).checkpointed
-
-    def drawing_sites(self) -> list[str]:
-        """Names of the sites whose op draws random numbers (all but ``nodraw`` ones)."""
-        return RunNames.of(self.case).drawing
-
-    def output_names(self) -> list[str]:
-        """Names under which region outputs (every region, nested ones too) and the loss are kept."""
-        return RunNames.of(self.case).outputs
-
-    def site_streams(self) -> dict[str, str | None]:
-        """Site name -> tracker stream name (None: the default generator)."""
-        return dict(self.streams)
