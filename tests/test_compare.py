@@ -227,7 +227,9 @@ def test_to_dict_turns_a_tuple_index_into_a_list(two_d_mismatch):
     assert data["count"] == 2 and data["oracle"] == "gradient"
 
 
-def test_any_differences_flags_exactly_the_differing_pairs():
+@pytest.mark.parametrize("end_to_end", [None, True, False])
+def test_any_differences_flags_exactly_the_differing_pairs(end_to_end):
+    # None: the device's own way (pair by pair on the CPU); True: laid end to end, as on a GPU.
     import torch as _t
 
     from harness.check.compare import any_differences
@@ -240,11 +242,12 @@ def test_any_differences_flags_exactly_the_differing_pairs():
         (a, _t.zeros(3)),                            # shape differs
         (_t.tensor([True, False]), _t.tensor([True, False])),
     ]
-    assert any_differences(pairs) == [False, True, True, True, False]
-    assert any_differences([]) == []
+    assert any_differences(pairs, end_to_end) == [False, True, True, True, False]
+    assert any_differences([], end_to_end) == []
 
 
-def test_any_differences_judges_each_pair_alone_when_they_are_compared_end_to_end():
+@pytest.mark.parametrize("end_to_end", [True, False])
+def test_any_differences_judges_each_pair_alone_whether_laid_end_to_end_or_not(end_to_end):
     # The pairs of one dtype are laid end to end and compared at once: a difference must be
     # counted for its own pair only, whether it sits at a pair's first or last element, next to
     # an empty pair, among dtypes that share an integer view (float32 and int32) or not.
@@ -271,6 +274,7 @@ def test_any_differences_judges_each_pair_alone_when_they_are_compared_end_to_en
         (_t.ones(3, dtype=_t.bfloat16), _t.ones(3, dtype=_t.bfloat16)),
         (_t.tensor([True]), _t.tensor([False])),
     ]
-    assert any_differences(pairs) == [False, True, True, False, False, False, True, True, False, True]
+    expected = [False, True, True, False, False, False, True, True, False, True]
+    assert any_differences(pairs, end_to_end) == expected
     for index, pair in enumerate(pairs):  # the same answers one pair at a time
-        assert any_differences([pair]) == [any_differences(pairs)[index]]
+        assert any_differences([pair], end_to_end) == [expected[index]]

@@ -47,7 +47,22 @@ def test_every_warning_of_every_call_is_counted_and_kept_out_of_the_log(graph_ty
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a warning that escaped the count would raise here
         assert capture.register_counting_warnings(graph_type(), [torch.Generator()] * 3) == 3
+        assert capture.register_counting_warnings(graph_type(), [torch.Generator()] * 2) == 2
     assert "deprecated" not in capfd.readouterr().err
+
+
+def test_after_a_silent_registration_the_next_graphs_register_without_catching_stderr(monkeypatch):
+    class QuietGraph(SilentGraph):  # a type of its own: the process remembers silent types
+        pass
+
+    first = QuietGraph()
+    assert capture.register_counting_warnings(first, [torch.Generator()]) == 0
+    monkeypatch.setattr(capture, "stderr_lines", None)  # catching again would raise here
+    second, generators = QuietGraph(), [torch.Generator(), torch.Generator()]
+    assert capture.register_counting_warnings(second, generators) == 0
+    assert second.registered == generators
+    with pytest.raises(TypeError):  # a warning type is still caught, call after call
+        capture.register_counting_warnings(CppWarningGraph(), [torch.Generator()])
 
 
 def test_stderr_after_the_block_reaches_the_log_again(capfd):
