@@ -21,6 +21,7 @@ from collections import Counter, defaultdict
 
 import torch
 
+from harness.impls import ImplError
 from harness.model.matrix import generate
 from harness.run.execution import load_targets, run_case
 from harness.verdict import expectations
@@ -40,9 +41,19 @@ def _frames(block_frames: list[dict]) -> str:
 
 
 def main() -> None:
-    passes = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    try:
+        passes = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    except ValueError:
+        sys.exit(f"memory_growth_probe: passes must be a whole number, got {sys.argv[1]!r}")
+    if passes < 1:
+        sys.exit(f"memory_growth_probe: passes must be at least 1, got {passes}")
     impl = sys.argv[2] if len(sys.argv) > 2 else "bundled"
-    [target] = load_targets([impl])
+    try:
+        [target] = load_targets([impl])
+    except ImplError as exc:
+        sys.exit(f"memory_growth_probe: {exc}")
+    if not torch.cuda.is_available():
+        sys.exit("memory_growth_probe: no CUDA device is visible (it measures device memory)")
     entries = expectations.load()
     cases = list(generate(device="cuda"))
     torch.cuda.init()

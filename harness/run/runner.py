@@ -525,7 +525,7 @@ def _run_eager(case: Case, impl: Any, name: str, iterations: int, timeline: bool
         clock.lap("reference")
         with _impl_ran():
             checkpointed = _execute(case, iterations, timelines.get("checkpointed"), device, tensors,
-                                       make_tracker, checkpoint_with)
+                                    make_tracker, checkpoint_with)
         clock.lap("checkpointed")
     with _impl_ran():  # reading the checkpointed run's tensors surfaces its asynchronous CUDA errors
         mismatches = check(reference, checkpointed, names.checkpointed, iterations, names.outputs,
