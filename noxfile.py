@@ -79,6 +79,7 @@ def lint(session: nox.Session) -> None:
     schemas = {
         ".github/workflows/gpu.yml": "vendor.github-workflows",
         ".gitlab-ci.yml": "vendor.gitlab-ci",
+        "examples/ci/your-project-gpu.yml": "vendor.github-workflows",
     }
     for path, schema in schemas.items():
         session.run("check-jsonschema", "--builtin-schema", schema, path)

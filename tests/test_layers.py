@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "harness"
-BASE = {"harness", "harness.errors", "harness.results", "harness.axes", "harness.rank_context"}
+BASE = {"harness", "harness.errors", "harness.results", "harness.axes", "harness.rank_context", "harness.data",
+        "harness.entry_points"}
 # Front doors at the top: ``python -m harness`` and the path factories import ModelCase from.
-DOORS = {"harness.__main__", "harness.module_mode"}
+DOORS = {"harness.__main__", "harness.module_mode", "harness.pytest_cases"}
 ALLOWED = {
     "base": set(),
     "checkpoint": {"base"},

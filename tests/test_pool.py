@@ -163,11 +163,13 @@ def test_plan_slots_interleaves_the_gpus():
 
 
 class _Config:
+    invocation_params = type("Args", (), {"args": ("--harness-workers-per-gpu",)})  # what messages name
+
     def __init__(self, **options) -> None:
         self.options = {"workers_per_gpu": None, "device": "cuda", "ranks": 1, "tp": 0, "cp": 1, **options}
 
     def getoption(self, name):
-        return self.options[name]
+        return self.options[name.removeprefix("harness_")]  # the plugin's dests are harness_<name>
 
 
 def test_xdist_auto_starts_the_workers_per_gpu_on_cuda(monkeypatch):

@@ -94,14 +94,14 @@ def _check_ranks(args: argparse.Namespace) -> None:
         raise UsageError(problem)
 
 
-def _load_expectations(path: str | None, *, problems: bool = True) -> tuple[list[Any], list[str]]:
-    """The expectation entries of `path` (default cases/expectations.toml) and, with `problems`,
-    the lines on entries that can never apply or that conflict (`entry_problems`), each also
-    printed as a warning: the console says what the report's "Needs attention" will.  An entry
-    naming an impl no implementation matches is a UsageError (a typo would otherwise silently
-    claim nothing)."""
-    entries = expectations_mod.load(path)
-    expectations_mod.check_impls(entries, impls.registered(), path)
+def _load_expectations(args: argparse.Namespace, *, problems: bool = True) -> tuple[list[Any], list[str]]:
+    """The expectation entries of ``--expectations`` (default the shipped file), installed packages'
+    files and ``--add-expectations`` (`expectations.load_all`) and, with `problems`, the lines on
+    entries that can never apply or that conflict (`entry_problems`), each also printed as a
+    warning: the console says what the report's "Needs attention" will.  An entry naming an impl
+    no implementation matches is a UsageError (a typo would otherwise silently claim nothing)."""
+    entries = expectations_mod.load_all(args.expectations, args.add_expectations, impls.registered())
+    expectations_mod.check_impls(entries, impls.registered(), args.expectations)
     lines = expectations_mod.entry_problems(entries, impls.registered()) if problems else []
     for line in lines:
         print(f"warning: expectations: {line}", file=sys.stderr, flush=True)
@@ -180,7 +180,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="default: reports/<timestamp>-<pid>; a folder that holds a report is refused "
                             f"unless {reporting.REPLACE_FLAG}")
     _add_replace(p_run)
-    p_run.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_run.add_argument("--expectations", default=None, metavar="FILE",
+                       help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
+    p_run.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
+                       help="an expectations file whose entries add to the shipped ones (and to those installed "
+                            "packages register); repeatable")
     p_run.add_argument("-q", "--quiet", action="store_true", help="print only the final counts")
     p_run.add_argument("--shard", default=None, metavar="I/N", help="run only shard I of N")
     p_run.add_argument("--no-isolate", dest="isolate", action="store_false",
@@ -209,7 +213,11 @@ def _parser() -> argparse.ArgumentParser:
                          help="also write a standalone Python script that reproduces the case")
     p_repro.add_argument("--all-streams", action="store_true",
                          help="show every stream in the timeline, not only those that diverge")
-    p_repro.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_repro.add_argument("--expectations", default=None, metavar="FILE",
+                         help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
+    p_repro.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
+                         help="an expectations file whose entries add to the shipped ones (and to those installed "
+                              "packages register); repeatable")
     p_repro.add_argument("--allow-unsupported", action="store_true",
                          help="run the impl even when its package cannot load (the case is unsupported)")
 
@@ -238,13 +246,18 @@ def _parser() -> argparse.ArgumentParser:
     p_fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="N searches side by side, each its own seed and isolated worker, spread over the "
                              "visible GPUs (default 1: a seed repeats a run only with one)")
-    p_fuzz.add_argument("--expectations", default=None, help="default: cases/expectations.toml")
+    p_fuzz.add_argument("--expectations", default=None, metavar="FILE",
+                        help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
+    p_fuzz.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
+                        help="an expectations file whose entries add to the shipped ones (and to those installed "
+                             "packages register); repeatable")
     p_fuzz.add_argument("--save", dest="save", action="store_true", default=False,
                         help="add each new (unexpected) failure found to the corpus, which the default matrix "
                              "replays; without it nothing is written (known bugs are never added)")
     p_fuzz.add_argument("--no-save", dest="save", action="store_false", help="the default: write nothing")
     p_fuzz.add_argument("--corpus", default=None, metavar="FILE",
-                        help="with --save: where a found failure is added (default: cases/corpus.toml)")
+                        help="with --save: where a found failure is added (default: the shipped corpus, in a checkout "
+                             "only: cases/corpus.toml)")
     p_fuzz.add_argument("--report-dir", default=None, metavar="DIR",
                         help="append every program's record to DIR/results.jsonl as it is judged and write a "
                              "report there at the end (also when stopped); default: no report")
@@ -310,7 +323,7 @@ def _parser() -> argparse.ArgumentParser:
     p_explain.add_argument("--version", default=None, help="the impl version to judge for (versions ranges)")
     p_explain.add_argument("--machine", default=None, metavar="FACTS.json",
                            help="what the installed torch does on the machine the case ran on, for the models "
-                                "(e.g. cases/machines/h200-torch2.11.json; default: ask this machine's torch)")
+                                "(a file, or a shipped name: h200-torch2.11; default: ask this machine's torch)")
     p_explain.add_argument("--torch", default=None, metavar="VERSION",
                            help="the torch version to judge for (torch ranges; default this process's)")
     p_conflicts = exp_sub.add_parser("conflicts", help="cases of the default matrices that two entries of one impl "
@@ -327,7 +340,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="also write the records read, reduced to what the audit reads and gzipped: the form "
                               "cases/records/ keeps as data")
     p_audit.add_argument("--machine", default=None, metavar="FACTS.json",
-                         help="facts of the machine the records ran on (e.g. cases/machines/h200-torch2.11.json), "
+                         help="facts of the machine the records ran on (a file, or a shipped name: h200-torch2.11), "
                               "for what a record's own machine_facts lack")
     p_diff = exp_sub.add_parser("diff", help="the cells of the default matrices that another expectations file "
                                              "claims differently (exit 1 when any)")
@@ -335,13 +348,16 @@ def _parser() -> argparse.ArgumentParser:
                                                         "REV:cases/expectations.toml > old.toml)")
     p_diff.add_argument("--device", default="cpu,cuda", help="the matrices to compare on (default cpu,cuda)")
     p_diff.add_argument("--machine", default=None, metavar="FACTS.json",
-                        help="what the installed torch does there, for the models (e.g. "
-                             "cases/machines/h200-torch2.11.json; default: ask this machine's torch)")
+                        help="what the installed torch does there, for the models (a file, or a shipped name: "
+                             "h200-torch2.11; default: ask this machine's torch)")
     p_diff.add_argument("--torch", default=None, metavar="VERSION",
                         help="the torch version to judge for (torch ranges; default this process's)")
     for p in (p_explain, p_conflicts, p_audit, p_diff):
         p.add_argument("--expectations", default=None, metavar="FILE",
-                       help="expectations file (default cases/expectations.toml)")
+                       help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
+        p.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
+                       help="an expectations file whose entries add to the shipped ones (and to those installed "
+                            "packages register); repeatable")
 
     report_cli.add_commands(sub, COMMANDS)
     return parser
@@ -377,6 +393,9 @@ def _list_impls() -> int:
             adapter = impls.load(name)
             why = adapter.unavailable() if callable(getattr(adapter, "unavailable", None)) else None
             what = getattr(adapter, "description", "") or ""
+            registration = impls.package_of(adapter)
+            if registration is not None:
+                what = f"(from {registration.origin}) {what}".rstrip()
         except impls.ImplError as exc:
             why, what = str(exc), ""
         print(f"{name:{width}} available    {what}" if why is None else f"{name:{width}} unavailable: {why}")
@@ -390,7 +409,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                            "refusing to run the CPU subset instead")
     cases = _selected_cases(args)
     targets = load_targets(args.impl, allow_unsupported=args.allow_unsupported)
-    entries, problems = _load_expectations(args.expectations)
+    entries, problems = _load_expectations(args)
     shard = shards.parse_shard(args.shard) if args.shard else None
     if not math.isfinite(args.case_timeout) or args.case_timeout <= 0:
         raise UsageError(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
@@ -557,7 +576,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     case = parse_case_id(args.case_id)
     check_selection([case], [case.device.value])
     [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
-    entries, _ = _load_expectations(args.expectations, problems=False)
+    entries, _ = _load_expectations(args, problems=False)
     if args.script:
         if getattr(target.adapter, "compiled", False):
             # The script re-implements the workload eagerly; it would reproduce another program.
@@ -611,7 +630,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     [target] = load_targets([args.impl], allow_unsupported=args.allow_unsupported)
     [device] = resolve_devices(args.device)[:1]
     # the entries' problems only where a report shows them (computing them costs seconds before the first program)
-    entries, problems = _load_expectations(args.expectations, problems=bool(args.report_dir))
+    entries, problems = _load_expectations(args, problems=bool(args.report_dir))
     if args.examples is not None and args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
@@ -630,6 +649,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--ranks runs every program in rank processes: leave out --no-isolate")
     if args.corpus and args.save:
         reporting.check_output_file(args.corpus, "--corpus")
+    elif args.save:
+        _default_corpus()  # an installed harness refuses before the search, not after it
     if args.report_dir:
         reporting.check_report_dir(args.report_dir, replace=args.replace_report)
     seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -736,7 +757,7 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
             continue
         from ..model import corpus
 
-        path = Path(args.corpus) if args.corpus else corpus.DEFAULT_PATH
+        path = Path(args.corpus) if args.corpus else _default_corpus()
         try:
             added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
         except OSError as exc:
@@ -753,6 +774,18 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"
           f"{'s' if len(found.findings) > 1 else ''}{like}){repeats} in {summary}{known}")
     return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 1
+
+
+def _default_corpus() -> Path:
+    """Where `fuzz --save` adds a finding without --corpus: the shipped corpus in a checkout; an
+    installed harness's lies in site-packages, which a run must not edit (UsageError, one line)."""
+    from .. import data as shipped_data
+    from ..model import corpus
+
+    if not shipped_data.in_checkout():
+        raise UsageError("fuzz --save: this harness is installed, and its shipped corpus is not yours to edit: "
+                         "name a file of your project with --corpus FILE")
+    return corpus.DEFAULT_PATH
 
 
 def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, total: int, impl: str) -> str | None:
@@ -946,7 +979,7 @@ def _without_outputs(argv: Sequence[str]) -> list[str]:
 
 
 def cmd_expectations(args: argparse.Namespace) -> int:
-    entries, _ = _load_expectations(args.expectations, problems=False)
+    entries, _ = _load_expectations(args, problems=False)
     if args.action == "explain":
         case = parse_case_id(args.case_id)
         if ":" not in args.impl and args.impl not in impls.registered():

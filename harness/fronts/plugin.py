@@ -1,6 +1,8 @@
 """The pytest plugin: options, the case matrix, verdicts, and the report.
 
-Loaded by the repository's conftest.py.  Test functions that take the `harness_case` fixture are
+Registered by the repository's conftest.py (with the short option spellings ``--impl``, ...) or,
+in a project that installed the package, by ``-p ckpt_harness`` (`pytest_entry`; options spelled
+``--harness-impl``, ...).  Test functions that take the `harness_case` fixture are
 parametrized over (impl x case), each marked with its axis values (``-m "tracked and nested"``
 selects exactly those cells).  Each runs the case through `execution.run_case`, the function the
 command line uses too, and maps the verdict to pytest: pass -> passed; xfail (failed exactly as
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -67,56 +70,111 @@ class HarnessCase:
         return f"{self.impl}-{self.case.id}"
 
 
+PREFIX = "harness-"  # every option: --harness-impl, ...; a global plugin must not take --impl or --device
+
+
+def _options() -> list[tuple[str, dict[str, Any]]]:
+    """Each option of the plugin: its name without dashes or prefix, and its argparse settings
+    (the dest is ``harness_<name>``, whichever spelling set it)."""
+    return [
+        ("impl", dict(action="append", default=[], metavar="NAME",
+                      help="implementation(s) under test: a registered name (shipped, or an installed package's "
+                           "through the entry-point group harness.implementations) or package.module:factory; "
+                           "repeatable or comma-separated; 'all' = every shipped impl (default: bundled)")),
+        ("device", dict(default="auto", metavar="DEV",
+                        help="auto (cuda if available, else cpu), cpu, cuda, or a comma list")),
+        ("report-dir", dict(default=None, metavar="DIR",
+                            help="where the report goes (default: reports/<timestamp>-<pid> under the rootdir); a "
+                                 f"folder that holds a report is refused unless {PREFIX}replace-report")),
+        ("replace-report", dict(action="store_true", default=False,
+                                help="the report folder may hold a report: this run replaces it (its files are "
+                                     "removed at the first record)")),
+        ("expectations", dict(default=None, metavar="FILE",
+                              help="replaces the shipped expected-failures file (cases/expectations.toml in a "
+                                   "checkout)")),
+        ("add-expectations", dict(action="append", default=[], metavar="FILE",
+                                  help="an expectations file whose entries add to the shipped ones and to those "
+                                       "installed packages register (harness.expectations); repeatable")),
+        ("shard", dict(default=None, metavar="I/N",
+                       help="run only shard I of N (deterministic split of impl x case, for CI jobs)")),
+        # One default in every front (README, "Isolation"): each case in a replaceable worker process.
+        ("isolate", dict(action="store_true", default=True,
+                         help="run each case in a replaceable worker process (the default): an abort, segfault, "
+                              "hang or sticky CUDA error becomes a crash/timeout result and the run goes on")),
+        ("no-isolate", dict(dest="harness_isolate", action="store_false",
+                            help="run cases in the pytest process (faster start; a crashing case ends the worker)")),
+        ("workers-per-gpu", dict(type=int, default=None, metavar="N",
+                                 help="what `-n auto` starts on CUDA: N xdist workers per visible GPU, each with its "
+                                      "case worker (default: from the host's cores and the GPU's memory, at most "
+                                      f"{gpus.MAX_WORKERS_PER_GPU}; shown in the header)")),
+        ("case-timeout", dict(type=float, default=None, metavar="S",
+                              help="per-case time limit in seconds when isolated (default 300)")),
+        ("matrix", dict(default="default", choices=MATRICES,
+                        help="default: first matrix + covering programs; full: every valid program (large)")),
+        ("program", dict(action="append", default=[], metavar="NAME",
+                         help="only these programs (repeatable or comma-separated), e.g. rand.bf16.odd.keyword.deep")),
+        ("ranks", dict(type=int, default=1, metavar="N",
+                       help="run each case in N processes forming one parallel layout (as `harness run --ranks N`: "
+                            "every rank's oracles plus rank-streams); one group of N per pytest process")),
+        ("tp", dict(type=int, default=0, metavar="K",
+                    help="with ranks: the tensor-parallel size (default: every rank; TP x CP x DP = N)")),
+        ("cp", dict(type=int, default=1, metavar="K", help="with ranks: the context-parallel size (default 1)")),
+        ("allow-unsupported", dict(action="store_true", default=False,
+                                   help="run an impl named by impl even when its package cannot load (every case "
+                                        "unsupported)")),
+    ]
+
+
+def _dest(name: str) -> str:
+    return "harness_" + name.replace("-", "_")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("harness", "checkpoint RNG harness")
-    group.addoption("--impl", action="append", default=[], metavar="NAME",
-                    help="implementation(s) under test: a registered name or package.module:factory; "
-                         "repeatable or comma-separated; 'all' = every shipped impl (default: bundled)")
-    group.addoption("--device", default="auto", metavar="DEV",
-                    help="auto (cuda if available, else cpu), cpu, cuda, or a comma list")
-    group.addoption("--report-dir", default=None, metavar="DIR",
-                    help="where the report goes (default: reports/<timestamp>-<pid>); a folder that holds a "
-                         f"report is refused unless {reporting.REPLACE_FLAG}")
-    group.addoption(reporting.REPLACE_FLAG, dest="replace_report", action="store_true", default=False,
-                    help="--report-dir may hold a report: this run replaces it (its files are removed at the "
-                         "first record)")
-    group.addoption("--expectations", default=None, metavar="FILE",
-                    help="expected-failures file (default: cases/expectations.toml)")
-    group.addoption("--shard", default=None, metavar="I/N",
-                    help="run only shard I of N (deterministic split of impl x case, for CI jobs)")
-    # One default in every front (README, "Isolation"): each case in a replaceable worker process.
-    group.addoption("--isolate", dest="isolate", action="store_true", default=True,
-                    help="run each case in a replaceable worker process (the default): an abort, segfault, "
-                         "hang or sticky CUDA error becomes a crash/timeout result and the run goes on")
-    group.addoption("--no-isolate", dest="isolate", action="store_false",
-                    help="run cases in the pytest process (faster start; a crashing case ends the worker)")
-    group.addoption("--workers-per-gpu", type=int, default=None, metavar="N",
-                    help="what `-n auto` starts on CUDA: N xdist workers per visible GPU, each with its case worker "
-                         "(default: from the host's cores and the GPU's memory, at most "
-                         f"{gpus.MAX_WORKERS_PER_GPU}; shown in the header)")
-    group.addoption("--case-timeout", type=float, default=None, metavar="S",
-                    help="per-case time limit in seconds when isolated (default 300)")
-    group.addoption("--matrix", default="default", choices=MATRICES,
-                    help="default: first matrix + covering programs; full: every valid program (large)")
-    group.addoption("--program", action="append", default=[], metavar="NAME",
-                    help="only these programs (repeatable or comma-separated), e.g. rand.bf16.odd.keyword.deep")
-    group.addoption("--ranks", type=int, default=1, metavar="N",
-                    help="run each case in N processes forming one parallel layout (as `harness run "
-                         "--ranks N`: every rank's oracles plus rank-streams); one group of N per pytest process")
-    group.addoption("--tp", type=int, default=0, metavar="K",
-                    help="with --ranks: the tensor-parallel size (default: every rank; TP x CP x DP = N)")
-    group.addoption("--cp", type=int, default=1, metavar="K",
-                    help="with --ranks: the context-parallel size (default 1)")
-    group.addoption("--allow-unsupported", action="store_true", default=False,
-                    help="run an impl named by --impl even when its package cannot load (every case unsupported)")
+    """The options, each spelled ``--harness-<name>`` (`add_checkout_spellings` adds ``--<name>``)."""
+    group = parser.getgroup("harness", "checkpoint RNG harness (ckpt-rng-harness)")
+    for name, settings in _options():
+        group.addoption(f"--{PREFIX}{name}", **{"dest": _dest(name), **settings})
+
+
+def add_checkout_spellings(parser: pytest.Parser) -> None:
+    """The short spellings ``--impl``, ``--device``, ... of every option, for the repository's own
+    conftest.py (where no other plugin claims them); each sets the same value as its
+    ``--harness-`` twin."""
+    group = parser.getgroup("harness")
+    for name, settings in _options():
+        group.addoption(f"--{name}", **{"dest": _dest(name), **settings, "help": f"= --{PREFIX}{name}"})
+
+
+def option(config: pytest.Config, name: str) -> Any:
+    """The value of option `name` ('impl', 'report-dir'), whichever spelling gave it."""
+    return config.getoption(_dest(name))
+
+
+def flag(config: pytest.Config, name: str) -> str:
+    """How the user spells option `name` in this session, so that messages name what was typed:
+    ``--<name>`` (the checkout's spelling) where the command line holds a short spelling of any
+    harness option and not ``--harness-<name>`` itself, else ``--harness-<name>``."""
+    typed = {arg.split("=", 1)[0] for arg in config.invocation_params.args if arg.startswith("--")}
+    short = {f"--{option_name}" for option_name, _ in _options()}
+    if f"--{PREFIX}{name}" not in typed and typed & short:
+        return f"--{name}"
+    return f"--{PREFIX}{name}"
 
 
 def _option_problem(config: pytest.Config) -> str | None:
     """What is wrong with a harness option's value alone, one line (None when nothing)."""
-    per_gpu = config.getoption("workers_per_gpu")
+    per_gpu = option(config, "workers-per-gpu")
     if per_gpu is not None and per_gpu < 1:
-        return f"--workers-per-gpu must be at least 1, got {per_gpu}"
-    return options_problem(config.getoption("ranks"), config.getoption("tp"), config.getoption("cp"))
+        return f"{flag(config, 'workers-per-gpu')} must be at least 1, got {per_gpu}"
+    problem = options_problem(option(config, "ranks"), option(config, "tp"), option(config, "cp"))
+    return problem and _spelled(config, problem, ("ranks", "tp", "cp"))
+
+
+def _spelled(config: pytest.Config, message: str, names: tuple[str, ...]) -> str:
+    """`message` (written with the short spellings ``--ranks``) with the options spelled as typed."""
+    for name in names:
+        message = re.sub(rf"(?<![\w-])--{name}\b(?!-)", flag(config, name), message)
+    return message
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -138,9 +196,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     problem = _option_problem(config)
     if problem:  # refused by pytest_cmdline_main already; here only if xdist asked first
         raise pytest.UsageError(problem)
-    per_gpu = config.getoption("workers_per_gpu")
+    per_gpu = option(config, "workers-per-gpu")
     try:
-        devices = resolve_devices(config.getoption("device"))
+        devices = resolve_devices(option(config, "device"))
     except UsageError:
         return None  # said in one line by pytest_configure
     if "cuda" not in devices:
@@ -149,7 +207,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     if per_gpu is None:
         per_gpu, why = gpus.default_workers_per_gpu(len(ids), os.cpu_count() or 1, gpus.gpu_memory_bytes())
     else:
-        why = "--workers-per-gpu"
+        why = flag(config, "workers-per-gpu")
     config._harness_workers_line = (  # type: ignore[attr-defined]
         f"harness: -n auto on CUDA: {per_gpu * len(ids)} workers, {per_gpu} per GPU on {len(ids)} GPU(s) ({why})")
     return per_gpu * len(ids)
@@ -167,23 +225,25 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{marker}: harness cases whose id has the axis value {marker!r}")
     config.addinivalue_line("markers", "spec: harness cases whose program is a spec (fuzzer findings, --program SPEC)")
     try:
-        targets = load_targets(config.getoption("impl"), allow_unsupported=config.getoption("allow_unsupported"))
+        targets = load_targets(option(config, "impl"), allow_unsupported=option(config, "allow-unsupported"))
         config._harness_impls = {t.name: t for t in targets}  # type: ignore[attr-defined]
         if os.environ.get(REQUIRE_CUDA_ENV, "") not in ("", "0") and not cuda_visible():
             raise UsageError(f"{REQUIRE_CUDA_ENV} is set and no CUDA device is visible "
                              "(torch.cuda.is_available() is False): refusing to run the CPU subset instead")
-        config._harness_devices = resolve_devices(config.getoption("device"))  # type: ignore[attr-defined]
-        parse_programs(",".join(config.getoption("program")))  # a bad name is one line, here
+        config._harness_devices = resolve_devices(option(config, "device"))  # type: ignore[attr-defined]
+        parse_programs(",".join(option(config, "program")))  # a bad name is one line, here
         corpus.load()  # a corrupt cases/corpus.toml is one line here, not an INTERNALERROR at collection
-        entries = expectations_mod.load(config.getoption("expectations"))
-        shard = config.getoption("shard")
+        entries = expectations_mod.load_all(option(config, "expectations"), option(config, "add-expectations"),
+                                            impls.registered())
+        shard = option(config, "shard")
         config._harness_shard = shards.parse_shard(shard) if shard else None  # type: ignore[attr-defined]
-        expectations_mod.check_impls(entries, impls.registered(), config.getoption("expectations"))
-        if workerinput is None and config.getoption("report_dir"):
-            reporting.check_report_dir(config.getoption("report_dir"), replace=config.getoption("replace_report"))
-        timeout = config.getoption("case_timeout")
+        expectations_mod.check_impls(entries, impls.registered(), option(config, "expectations"))
+        if workerinput is None and option(config, "report-dir"):
+            reporting.check_report_dir(option(config, "report-dir"), replace=option(config, "replace-report"),
+                                       flag=flag(config, "replace-report"))
+        timeout = option(config, "case-timeout")
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-            raise CaseError(f"--case-timeout must be a positive number of seconds, got {timeout:g}")
+            raise CaseError(f"{flag(config, 'case-timeout')} must be a positive number of seconds, got {timeout:g}")
     except UsageError as exc:  # every bad-input error of the harness (harness.errors)
         pytest.exit(f"error: {exc}", returncode=2)
     config._harness_expectations = entries  # type: ignore[attr-defined]
@@ -202,8 +262,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     params = []
     for impl_name in config._harness_impls:  # type: ignore[attr-defined]
-        programs = ",".join(config.getoption("program")) or None
-        for case in generate(config.getoption("matrix"), device=config._harness_devices,  # type: ignore[attr-defined]
+        programs = ",".join(option(config, "program")) or None
+        for case in generate(option(config, "matrix"), device=config._harness_devices,  # type: ignore[attr-defined]
                              program=programs):
             if not shards.in_shard(impl_name, case.id, config._harness_shard):  # type: ignore[attr-defined]
                 continue
@@ -253,10 +313,10 @@ def _case_worker(config: pytest.Config) -> "isolation.CaseWorker | RankGroup | N
     worker = getattr(config, "_harness_worker", None)
     if worker is not None:
         return worker
-    timeout = config.getoption("case_timeout") or isolation.DEFAULT_TIMEOUT_S
-    if config.getoption("ranks") > 1:
-        worker = RankGroup(config.getoption("ranks"), timeout, config.getoption("tp"), config.getoption("cp"))
-    elif config.getoption("isolate"):
+    timeout = option(config, "case-timeout") or isolation.DEFAULT_TIMEOUT_S
+    if option(config, "ranks") > 1:
+        worker = RankGroup(option(config, "ranks"), timeout, option(config, "tp"), option(config, "cp"))
+    elif option(config, "isolate"):
         worker = isolation.CaseWorker(timeout)
     config._harness_worker = worker  # type: ignore[attr-defined]
     return worker
@@ -306,8 +366,8 @@ class ReportCollector:
     def target(self) -> Path:
         """The report directory, chosen once (--report-dir, else a new one under reports/)."""
         if self._target is None:
-            option = self.config.getoption("report_dir")
-            self._target = Path(option) if option else reporting.default_report_dir(self.config.rootpath / "reports")
+            given = option(self.config, "report-dir")
+            self._target = Path(given) if given else reporting.default_report_dir(self.config.rootpath / "reports")
         return self._target
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -339,7 +399,7 @@ class ReportCollector:
         A write that fails (a full disk) stops the session as SIGTERM would (`stops.WriteFailed`):
         the records judged are kept and reported where they can be, exit status 2."""
         if self.live is None:
-            self.live = LiveResults(self.target(), replace=self.config.getoption("replace_report"))
+            self.live = LiveResults(self.target(), replace=option(self.config, "replace-report"))
         try:
             self.live.append(record)
         except reporting.ReportWriteError as exc:
@@ -378,7 +438,7 @@ class ReportCollector:
             self.line += f"\nharness error: {elsewhere}"
             session.exitstatus = stops.WRITE_FAILED
         targets = list(self.config._harness_impls.values())  # type: ignore[attr-defined]
-        idle = [] if interrupted or self.config.getoption("allow_unsupported") else \
+        idle = [] if interrupted or option(self.config, "allow-unsupported") else \
             proved_nothing(targets, self.records.values())
         if idle:
             self.line += "".join(f"\nharness error: {line}" for line in idle)

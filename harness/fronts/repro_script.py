@@ -9,13 +9,14 @@ the workload and the comparison on its own, so it is also an independent check o
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from importlib import resources
 
 from ..model.cases import Case, Interleave, Mode
 from ..model.programs import ATTENTION_VIEWS, TORCH_DTYPES, Region, Site
 from ..run.workload import case_streams
 
-TEMPLATE = Path(__file__).with_name("repro_template.py")
+# the template is a module of this package: found as a resource, it travels wherever the package does
+TEMPLATE = resources.files(__package__).joinpath("repro_template.py")
 
 TORCH_BLOCK = '''import torch.utils.checkpoint  # noqa: E402
 

@@ -8,13 +8,13 @@ registers in the entry-point group ``harness.implementations``, or an import pat
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
-from typing import Callable
+from typing import Any, Callable
 
+from .. import entry_points
 from ..errors import UsageError
 from .base import Adapter
 
-ENTRY_POINT_GROUP = "harness.implementations"
+ENTRY_POINT_GROUP = entry_points.IMPLS_GROUP
 
 BUILTIN: dict[str, str] = {
     "bundled": "harness.impls.bundled:make_bundled",
@@ -86,9 +86,15 @@ def registered() -> dict[str, str]:
     """Name -> 'module:factory' for every known implementation: the shipped ones (`BUILTIN`) and
     those of installed packages' entry points (which may override a shipped name)."""
     names = dict(BUILTIN)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        names[ep.name] = ep.value
+    for name, registration in entry_points.impls().items():
+        names[name] = registration.value
     return names
+
+
+def package_of(adapter: Any) -> "entry_points.Registration | None":
+    """The installed package that registered `adapter`'s impl (set by `load`), None for a shipped
+    impl or one given as module:factory."""
+    return getattr(adapter, "_harness_registration", None)
 
 
 def one_line(exc: BaseException) -> str:
@@ -175,6 +181,10 @@ def load(name: str) -> Adapter:
     adapter = _build(name, path, _import_factory(name, path))
     if not getattr(adapter, "name", None) or getattr(adapter, "name") == "unnamed":
         adapter.name = name
+    registration = entry_points.impls().get(name)
+    if registration is not None and registration.value == path:
+        # the package behind the name: its version stands in where the adapter names none
+        adapter._harness_registration = registration
     return adapter
 
 

@@ -21,9 +21,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .. import data as shipped_data
 from .cases import Case, CaseError, parse_case_id
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "cases" / "corpus.toml"
+DEFAULT_PATH = shipped_data.path(shipped_data.CORPUS)
 HEADER = """\
 # Failures found by `python -m harness fuzz`, shrunk to their smallest program (harness/model/corpus.py).
 # The default matrix replays every case here for every impl under test, judged by

@@ -31,7 +31,7 @@ from .frame import (
 )
 
 TRACEBACK_LINES = 15  # the tail of a traceback shown with an error or crash
-ENV_FIELDS = ("host", "gpu", "compute_capability", "driver", "driver (CUDA API)", "torch", "cuda", "python")
+ENV_FIELDS = ("harness", "host", "gpu", "compute_capability", "driver", "driver (CUDA API)", "torch", "cuda", "python")
 _HIDDEN_ENV_FIELDS = {"rng_apis", "gpu_name", "gpu_count"}
 NO_REASON = "no reason given"
 

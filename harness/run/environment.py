@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .. import __version__
 from ..results import RNG_APIS
 from .capture import register_counting_warnings
 
@@ -28,6 +29,7 @@ def environment() -> dict[str, Any]:
     ``name=yes, name=no, ...``).  Cheap: the only CUDA work is the capture probe, once per process.
     """
     env: dict[str, Any] = {
+        "harness": __version__,  # which harness judged: its expectations are part of the verdicts
         "host": socket.gethostname(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -139,11 +139,16 @@ def load_targets(values: Sequence[str] | str | None, *, allow_unsupported: bool 
 
 
 def adapter_version(adapter: Any) -> str | None:
-    """The adapter's version, None where reading it raises."""
+    """The adapter's version; where it names none (or reading it raises), the version of the
+    installed package that registered the impl by entry point (`impls.package_of`), else None."""
     try:
-        return getattr(adapter, "version", None)
+        version = getattr(adapter, "version", None)
     except (Exception, SystemExit):
-        return None
+        version = None
+    registration = impls.package_of(adapter)
+    if version is None and registration is not None and registration.version:
+        return registration.version
+    return version
 
 
 def must_support(adapter: Any, case: Case) -> bool:

@@ -4,7 +4,7 @@ differently (`python -m harness expectations diff`), so that an edit that should
 
 Nothing runs: every impl's expected failure for every case is looked up in both files, under the
 same machine facts (`models.Machine`: a JSON file of what the installed torch does, such as
-``cases/machines/h200-torch2.11.json``; without one, this machine's torch is asked, and CUDA
+``h200-torch2.11``, shipped in `harness.data`; without one, this machine's torch is asked, and CUDA
 cells on a machine without CUDA get no answer)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .. import data as shipped_data
 from ..errors import UsageError
 from .expectations import Expectation, find
 from .models import Machine
@@ -39,10 +40,13 @@ def expected(entry: "Expectation | None") -> str:
 
 
 def load_machine(path: "str | None") -> Machine:
-    """The machine facts of a JSON file (``{"facts": {...}}``), or this machine's torch; a file
+    """The machine facts of a JSON file (``{"facts": {...}}``) or of a shipped one named without
+    its folder ('h200-torch2.11', `harness.data.machine_names`), else this machine's torch; a file
     that cannot be read is one line (UsageError)."""
     if not path:
         return Machine()
+    if not Path(path).exists() and shipped_data.machine_file(path) is not None:
+        path = str(shipped_data.machine_file(path))
     try:
         data = json.loads(Path(path).read_text())
         facts = data["facts"]

@@ -68,6 +68,7 @@ from typing import Any, Iterable, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .. import data as shipped_data
 from ..errors import UsageError
 from ..model.case_facts import FACT_KEYS, check_facts, missed
 from ..model.matrix import generate
@@ -79,7 +80,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "cases" / "expectations.toml"
+DEFAULT_PATH = shipped_data.path(shipped_data.EXPECTATIONS)
 OUTCOMES = ("pass", *FAILED_OUTCOMES)  # what an entry may expect
 ENTRY_KEYS = {"impl", "cases", "reason", "issue", "versions", "torch", "outcome", "oracles", "message", "name",
               "unless", "model", "ranks", "beyond_matrix", *FACT_KEYS}
@@ -147,6 +148,7 @@ class Expectation:
     # True: its cells lie beyond the default matrices (a shape the fuzzer found), so matching none
     # of them is no sign of a dead entry
     beyond_matrix: bool = False
+    source: str = ""  # the file the entry came from ('' for one made in code)
 
     @property
     def outcome(self) -> str:
@@ -355,8 +357,43 @@ def load(path: "str | Path | None" = None) -> list[Expectation]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ExpectationError(f"cannot read expectations file {path}: {exc}") from None
-    return [entry for n, raw in enumerate(data.get("expect", []), start=1)
+    return [dataclasses.replace(entry, source=str(path)) for n, raw in enumerate(data.get("expect", []), start=1)
             for entry in _entries(raw, f"{path}: entry {n}", n)]
+
+
+def load_all(path: "str | Path | None" = None, added: Iterable["str | Path"] = (),
+             known_impls: Iterable[str] = ()) -> list[Expectation]:
+    """The entries a run judges by, in the order `find` asks them: `path`'s (default the shipped
+    file), then each file an installed package registers (entry-point group
+    ``harness.expectations``), then the `added` files (``--add-expectations``), each in turn.
+
+    A package's file may name only the impls that package registers (``harness.implementations``):
+    a third party adds the known bugs of its own checkpoint, never verdicts on another's.  Every
+    fault (a file that cannot be read, an entry point that does not load, an entry for another
+    package's impl) is an `ExpectationError`, one line.  `known_impls`: every registered name,
+    for the package check (an entry's ``impl`` may be a pattern)."""
+    from .. import entry_points
+
+    entries = load(path)
+    known = list(known_impls)
+    for registration in entry_points.expectation_sources():
+        try:
+            file = entry_points.expectations_path(registration)
+        except entry_points.EntryPointError as exc:
+            raise ExpectationError(str(exc)) from None
+        own = entry_points.impls_of(registration.package)
+        theirs = load(file)
+        for entry in theirs:
+            named = {name for name in known if fnmatch.fnmatchcase(name, entry.impl)}
+            if named - own:
+                raise ExpectationError(
+                    f"expectations file {file} of {registration.origin}: entry {entry.number} names impl "
+                    f"{entry.impl!r} ({', '.join(sorted(named - own))}), which {registration.package} does not "
+                    f"register; a package's entries are for its own impls ({', '.join(sorted(own)) or 'none'})")
+        entries += theirs
+    for file in added:
+        entries += load(file)
+    return entries
 
 
 def _entries(raw: Any, where: str, number: int = 0) -> list[Expectation]:
@@ -509,7 +546,8 @@ def check_impls(entries: Iterable[Expectation], known_impls: Iterable[str], path
         first = unknown[0]
         more = f" (and {len(unknown) - 1} more entries)" if len(unknown) > 1 else ""
         entry = f"entry {first.number}" + (f" ({first.name})" if first.name else "")
-        raise ExpectationError(f"expectations file {path or DEFAULT_PATH}: {entry} names impl {first.impl!r}, "
+        raise ExpectationError(f"expectations file {first.source or path or DEFAULT_PATH}: {entry} names impl "
+                               f"{first.impl!r}, "
                                f"which matches no known implementation{more}; the names: python -m harness list "
                                "--impls (an import path pkg.mod:factory also counts)")
 
