@@ -1,4 +1,5 @@
-"""nox sessions: gpu (the CUDA matrix), cpu (the CPU matrix), tests (the harness's own), lint.
+"""nox sessions: gpu (the CUDA matrix), gpu-tests (the harness's own tests on a GPU runner), cpu (the CPU
+matrix), tests (the harness's own), lint.
 
 gpu, cpu and tests run in the current environment (no virtualenv) so a GPU runner's CUDA build of
 torch is used as it is, never replaced by a download.  Arguments after ``--`` go to pytest, e.g.
@@ -48,6 +49,18 @@ def gpu(session: nox.Session) -> None:
                 "--impl", "bundled,torch,neg-rank0-snapshot,neg-rank-reseed", "--program", "flat",
                 "--layout", "tracked,mixed", "--capture", "eager,single", "--report-dir", "reports/gpu-ranks",
                 "--replace-report", "-q")
+
+
+@nox.session(name="gpu-tests", python=False)
+def gpu_tests(session: nox.Session) -> None:
+    """The harness's own tests where its users run them: a GPU runner with the CUDA torch and the
+    optional packages it has (megatron-core, deepspeed, torch-remat, accelerate, transformers).
+    Each test passes there or skips saying why (another torch, a package present or missing, no
+    package index to fill a fresh environment from); none may fail because the machine is not CI's."""
+    probe = "import torch; print(int(torch.cuda.is_available()))"
+    if session.run(PYTHON, "-c", probe, silent=True).strip().splitlines()[-1] != "1":
+        session.error("no CUDA device is visible (torch.cuda.is_available() is False)")
+    session.run(PYTHON, "-m", "pytest", "tests", "-n", "auto", "-rs", *session.posargs)
 
 
 @nox.session(python=False)

@@ -101,11 +101,48 @@ def layout_problem(world: int, tp: int = 0, cp: int = 1) -> str | None:
     return None
 
 
+# What one rank may take of the host: a CPU rank that imported torch holds about 210 MB, a CUDA
+# rank more (its context); a rank is budgeted 1 GiB of the memory available when the run starts.
+RANK_HOST_BYTES = 1 << 30
+RANKS_PER_CORE = 4  # ranks mostly wait on each other (gloo); more than this per core only thrashes
+
+
+def available_memory_bytes() -> "int | None":
+    """MemAvailable of /proc/meminfo (what new processes can take without swapping), None where
+    there is no such file."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def max_ranks(cores: "int | None" = None, memory: "int | None" = None) -> tuple[int, str]:
+    """The most ranks this machine holds at once, and why (its cores and available memory):
+    ``--ranks`` above it is refused before a launcher starts N processes that import torch."""
+    import os
+
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    memory = memory if memory is not None else available_memory_bytes()
+    bound, why = RANKS_PER_CORE * cores, f"{RANKS_PER_CORE} per core on {cores} cores"
+    if memory is not None and memory // RANK_HOST_BYTES < bound:
+        bound = memory // RANK_HOST_BYTES
+        why = f"{RANK_HOST_BYTES >> 30} GiB a rank of the {memory / (1 << 30):.1f} GiB of memory available"
+    return max(bound, 2), why
+
+
 def options_problem(ranks: int, tp: int = 0, cp: int = 1) -> str | None:
     """What is wrong with the options ``--ranks N --tp K --cp K`` together, one line (None when
-    nothing): the fronts' one check of them."""
+    nothing): the fronts' one check of them.  N is bounded by what the machine holds (`max_ranks`)."""
     if ranks < 1:
         return f"--ranks must be 1 or more, got {ranks}"
+    if ranks > 1:
+        bound, why = max_ranks()
+        if ranks > bound:
+            return f"--ranks {ranks}: this machine holds at most {bound} ranks at once ({why})"
     if ranks > 1:
         problem = layout_problem(ranks, tp, cp)
         return f"--ranks/--tp/--cp: {problem}" if problem else None

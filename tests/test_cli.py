@@ -420,8 +420,13 @@ def test_bench_sets_each_figure_beside_its_target():
     from harness.fronts.bench import against_targets
 
     figures = {
-        "per_capture": [{"capture": "eager", "pass": 2, "cases": 100, "cases_per_s": 50.0, "harness_over_bare": 1.1},
-                        {"capture": "single", "pass": 2, "cases": 100, "cases_per_s": 25.0, "harness_over_bare": 1.3}],
+        "per_capture": [{"capture": "eager", "pass": 2, "cases": 100, "ran": 100, "cases_per_s": 50.0,
+                         "harness_over_bare": 1.1},
+                        {"capture": "single", "pass": 2, "cases": 100, "ran": 100, "cases_per_s": 25.0,
+                         "harness_over_bare": 1.3},
+                        # a capture mode where every case was a declared limit: no rate, and none counted
+                        {"capture": "separate", "pass": 2, "cases": 100, "ran": 0, "cases_per_s": None,
+                         "harness_over_bare": None}],
         "workers": [{"workers": 4, "cases_per_s": 90.0}, {"workers": 8, "cases_per_s": 320.0}],
         "fuzz": {"programs_per_s": 42.0},
         "memory_flat": {"reserved_MiB": "flat: 1 after pass 2 (740 cases), 1 after pass 4 (1480 cases), +0.0%",
@@ -429,9 +434,10 @@ def test_bench_sets_each_figure_beside_its_target():
                         "host_rss_MiB": "not measured (fewer than two passes over the matrix)"},
     }
     rows = {row["figure"]: (row["measured"], row["met"]) for row in against_targets(figures)}
-    assert rows["cases/s, one process (pass 2)"] == (33.3, False)  # 200 cases in 2 + 4 s
+    assert rows["cases/s, one process (pass 2; cases that ran)"] == (33.3, False)  # 200 cases in 2 + 4 s
     assert rows["cases/s, 8 isolated workers"] == (320.0, True)  # issue 42: >= 300 with eight
     assert rows["harness/bare, eager"] == (1.1, True) and rows["harness/bare, single"] == (1.3, False)  # <= 1.2
+    assert rows["harness/bare, separate"] == (None, "-")
     assert rows["fuzz programs/s, one search"] == (42.0, False)  # >= 50
     assert bench.worker_overhead_ms({**figures, "workers": [{"workers": 1, "cases_per_s": 20.0}]}) == \
         pytest.approx(50.0 - 1e3 * 6 / 200)  # 50 ms a case in one worker, 30 in this process
@@ -441,6 +447,18 @@ def test_bench_sets_each_figure_beside_its_target():
     # fewer than eight workers: the eight-worker target is not judged on them
     fewer = against_targets({**figures, "workers": [{"workers": 4, "cases_per_s": 400.0}]})
     assert {r["figure"]: r["met"] for r in fewer}["cases/s, 4 isolated workers"] == "-"
+
+
+def test_a_bench_of_cases_that_did_not_run_gives_no_figure(tmp_path, capsys, monkeypatch):
+    # issue 59: every case a declared limit printed thousands of cases/s and "met True"
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--impl", "torch-region-budget", "--cases", "1", "--json", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: bench: none of the 1 cases ran under torch-region-budget (e.g. unsupported: ")
+    assert not (tmp_path / "b.json").exists()
+    assert main(["bench", "--impl", "bundled", "--cases", "1", "--jobs", ""]) == 2
+    assert capsys.readouterr().err.strip() == "error: --jobs: every count must be at least 1, got ''"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_profile_sums_a_passs_own_time_by_what_spends_it():

@@ -77,12 +77,24 @@ def _build_from_sdist(source: Path, out: Path) -> Path:
     return wheel
 
 
+# What pip says where no package index can be reached (a GPU machine that downloads nothing), or
+# the index lacks this environment's exact versions (a CUDA torch of the machine's own image).
+UNREACHABLE = ("Could not find a version that satisfies", "No matching distribution found",
+               "Failed to establish a new connection", "Temporary failure in name resolution")
+
+
 def _make_venv(where: Path) -> Path:
-    """A fresh virtual environment with this environment's torch and the harness's requirements."""
+    """A fresh virtual environment with this environment's torch and the harness's requirements;
+    the test is skipped, saying why, where pip cannot get them (no index reachable here)."""
     _run([sys.executable, "-m", "venv", str(where)], cwd=where.parent)
     python = where / "bin" / "python"
     pins = [f"{name}=={metadata.version(name)}" for name in RUNTIME]
-    _run([str(python), "-m", "pip", "install", "-q", *pins], cwd=where.parent)
+    proc = _run([str(python), "-m", "pip", "install", "-q", "--retries", "1", *pins], cwd=where.parent, check=False)
+    if proc.returncode != 0:
+        said = [line for line in proc.stderr.splitlines() if any(text in line for text in UNREACHABLE)]
+        if said:
+            pytest.skip(f"cannot fill a fresh environment with {', '.join(pins)} here: {said[0].strip()}")
+        raise AssertionError(f"pip install {' '.join(pins)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return python
 
 

@@ -592,3 +592,53 @@ def test_the_checkpointing_helper_calls_the_old_api_where_the_model_has_no_new_o
     with pytest.raises(TypeError, match="gradient_checkpointing_enable takes no every_n_layers or offload"):
         hf.enable_checkpointing(model, every_n_layers=2, offload=True)
     assert hf.used_api(torch.nn.Linear(2, 2)) == "" and hf.transformers_version(torch.nn.Linear(2, 2)) == ""
+
+
+# -- what users mistype (issue 59): a container with no forward, compiled impls, the console script
+
+
+@pytest.mark.parametrize("impl", ["torch", "bundled"])
+def test_a_wrap_that_selects_only_a_container_that_never_runs_is_bad_input_not_the_checkpoints_fault(impl):
+    # A ModuleList has no forward: its children run one by one, so wrapping it checkpoints nothing,
+    # and a correct checkpoint would have failed with "never recomputed".  (A layer that layer drop
+    # skipped in the reference is no container: it stays wrapped, test_the_count_is_draws_per_forward_at_sites.)
+    with pytest.raises(ModuleError, match=r"--wrap 'layers' selects 'layers' \(ModuleList\), which has no forward of "
+                                          r"its own.*wrap what runs, e\.g\. --wrap 'layers\.\*'"):
+        run_module("module_factories:function_checkpointing", impls.load(impl), wrap=["layers"])
+    assert run_module("module_factories:function_checkpointing", impls.load(impl), wrap=["layers.*"]).passed
+
+
+def test_a_pattern_that_also_selects_what_runs_leaves_the_container_out_and_says_so():
+    result = run_module("module_factories:function_checkpointing", impls.load("torch"), wrap=["**"])
+    assert result.passed and "layers" not in result.checkpointed and result.not_wrapped == ["layers"]
+    text = summary("module_factories:function_checkpointing", "torch", "cpu", Capture.EAGER, Mode.NONREENTRANT,
+                   result)
+    assert "not wrapped: 'layers' (matched by --wrap, but containers with no forward of their own" in text
+
+
+def test_nested_wrapped_submodules_are_a_nested_case_an_impl_may_decline():
+    # '**' wraps a module inside another: torch_remat cannot nest its regions, so it declares the
+    # run unsupported (as the matrix says for nested programs) instead of raising an error
+    pytest.importorskip("torch_remat")
+    result = run_module("module_factories:function_checkpointing", impls.load("remat-hook"), wrap=["**"])
+    assert result.outcome == "unsupported" and "nested" in result.reason
+
+
+@pytest.mark.parametrize("impl", ["torch-compile", "torch-compile-budget", "torch-region-budget"])
+def test_impls_that_compile_the_program_are_refused_in_module_mode_in_one_line(impl, capsys):
+    assert main(["module", "examples.mlp:factory", "--impl", impl]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --impl {impl} checkpoints by compiling the program") and "\n" not in err
+
+
+def test_the_console_script_imports_a_factory_from_the_current_folder(tmp_path):
+    import shutil
+
+    script = shutil.which("ckpt-harness")
+    if script is None:
+        pytest.skip("the ckpt-harness console script is not installed here (pip install -e . makes it)")
+    (tmp_path / "mymodel.py").write_text((ROOT / "examples" / "mlp.py").read_text())
+    proc = subprocess.run([script, "module", "mymodel:factory", "--impl", "bundled"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)  # a hang guard, not a speed test
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("bundled mymodel:factory (cpu, eager, nonreentrant): pass")

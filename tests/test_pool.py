@@ -116,7 +116,8 @@ def test_the_command_line_writes_the_same_report_with_two_workers(tmp_path):
 
 
 def _args(**given) -> argparse.Namespace:
-    return argparse.Namespace(**{"jobs": None, "workers_per_gpu": None, "isolate": True, **given})
+    return argparse.Namespace(**{"jobs": None, "workers_per_gpu": None, "isolate": True, "ranks": 1, "tp": 0, "cp": 1,
+                                 **given})
 
 
 def test_cpu_runs_default_to_one_worker_and_take_jobs():

@@ -28,7 +28,7 @@ from .. import report as reporting
 from ..model import shards
 from ..model.cases import AXES, Capture, Case, Device, parse_case_id, parse_value
 from ..model.matrix import MATRICES, generate
-from ..rank_context import options_problem
+from ..rank_context import RankContext, options_problem
 from ..report import cli as report_cli
 from ..report.frame import rank_flags
 from ..report.live import LiveResults
@@ -414,6 +414,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.case_timeout) or args.case_timeout <= 0:
         raise UsageError(f"--case-timeout must be a positive number of seconds, got {args.case_timeout:g}")
     _check_ranks(args)
+    slots, workers_line = worker_slots(args, cases)  # refuses its options before a report folder is made
     report_dir = Path(args.report_dir) if args.report_dir else reporting.default_report_dir()
     reporting.check_report_dir(report_dir, replace=args.replace_report)
     work = [(t, c) for t in targets for c in cases if shards.in_shard(t.name, c.id, shard)]
@@ -421,7 +422,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("no case to run: the filters and --shard select nothing")
     if not args.case and args.device.strip().lower() == "auto":
         print(_device_line(cases), flush=True)
-    slots, workers_line = worker_slots(args, cases)
     if not args.quiet:
         print(workers_line, flush=True)
     progress = Progress(len(work), quiet=args.quiet)
@@ -496,6 +496,15 @@ def worker_slots(args: argparse.Namespace, cases: Sequence[Case]) -> tuple[list[
     for flag, value in (("--jobs", args.jobs), ("--workers-per-gpu", args.workers_per_gpu)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.ranks > 1:  # the ranks are the workers: one launch of N processes per impl, no pool
+        if args.jobs is not None or args.workers_per_gpu is not None:
+            raise UsageError("--ranks runs every case in one group of rank processes: leave out --jobs and "
+                             "--workers-per-gpu")
+        if not args.isolate:
+            raise UsageError("--ranks runs every case in rank processes of its own: leave out --no-isolate")
+        layout = RankContext(0, args.ranks, args.tp, args.cp)
+        return [], (f"ranks: every case in {args.ranks} rank processes ({layout.label()}), one launch per impl "
+                    "(--ranks)")
     if not args.isolate:
         if (args.jobs or 1) > 1 or args.workers_per_gpu is not None:
             raise UsageError("--jobs and --workers-per-gpu run isolated workers: leave out --no-isolate")
@@ -685,6 +694,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         if live is not None:
             _append_or_halt(live, record)
 
+    found = None
     try:
         with stops.stoppable():
             options = dict(examples=args.examples, budget=budget, seed_value=seed_value, new_only=args.new_only,
@@ -703,8 +713,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 live.close()
             if pool is not None:
                 pool.close()
-            if group is not None:
-                group.close()
+            if group is not None:  # a stopped search does not wait for the ranks to finish their program
+                group.close(kill=found is None or found.stopped is not None)
     progress.done()
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
         return _fuzz_summary(args, target, found, list(records.values()), env, entries, problems)
@@ -725,7 +735,10 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
         written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), env, unmatched=problems,
                                                          interrupted=interrupted)
-        print(f"report:  {written}")
+        # the report holds one record per case: a program the search drew twice is one case there
+        twice = f" ({len(records)} cases: a program drawn more than once is one case)" \
+            if len(records) != found.tried else ""
+        print(f"report:  {written}{twice}")
         if elsewhere:
             print(f"error: {elsewhere}", file=sys.stderr)
     counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
@@ -880,11 +893,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--cases must be at least 1, got {total}")
     reporting.check_output_file(args.json, "--json")
     try:
-        jobs = [int(n) for n in args.jobs.split(",")] if args.jobs else []
+        jobs = [int(n) for n in args.jobs.split(",")] if args.jobs is not None else []
     except ValueError:
         jobs = [0]
-    if any(n < 1 for n in jobs):
-        raise UsageError(f"--jobs: every count must be at least 1, got {args.jobs}")
+    if any(n < 1 for n in jobs):  # `--jobs ''` too: a value that names no count is no request for none
+        raise UsageError(f"--jobs: every count must be at least 1, got {args.jobs!r}")
     if args.fuzz < 0:
         raise UsageError(f"--fuzz must be at least 0, got {args.fuzz}")
     figures = bench.bench(target, device, total, matrix_wall=args.cases is None, jobs=jobs, fuzz_programs=args.fuzz)
@@ -895,14 +908,50 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_module(args: argparse.Namespace) -> int:
-    from ..run.execution import Target
-    from . import module_mode, module_report
+    """Judge the factories' modules under each impl, capture and mode: plan (every bad input
+    refused first), run, then the summary, report and script; exit 1 on a failure or an impl
+    that judged nothing."""
+    targets, device, runs = _module_plan(args)
+    records = _run_modules(args, runs, device)
+    return _module_outputs(args, targets, records)
 
+
+def _module_plan(args: argparse.Namespace) -> tuple[list[Any], str, list[tuple[str, Any, Capture, Any]]]:
+    """The targets, the device and every (factory, target, capture, mode) run `module` makes;
+    bad input is a UsageError before anything runs."""
+    from ..run.execution import Target
+    from . import module_mode
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        # `python -m harness` has the current folder on sys.path and the ckpt-harness script does
+        # not: a factory of the user's own folder (mymodel:factory) must import under both
+        sys.path.insert(0, os.getcwd())
     names = impls.parse_impl_names(args.impl)
     others = [n for n in names if n != module_mode.AS_BUILT]
     loaded = {t.name: t for t in load_targets(others, allow_unsupported=args.allow_unsupported)} if others else {}
     targets = [loaded.get(n) or Target(n, module_mode.AsBuilt()) for n in names]
+    compiled = [t.name for t in targets if getattr(t.adapter, "compiled", False)]
+    if compiled:  # it would run the model eagerly and call that a verdict on the compiled checkpoint
+        raise UsageError(f"--impl {', '.join(compiled)} checkpoints by compiling the program (torch.compile), which "
+                         "module mode does not do to your model: judge it on the matrix (python -m harness run "
+                         f"--impl {compiled[0]})")
     [device] = resolve_devices(args.device)[:1]
+    captures, modes = _module_axes(args, device)
+    if args.report_dir:
+        reporting.check_report_dir(args.report_dir, replace=args.replace_report)
+    if args.script:
+        reporting.check_output_file(args.script, "--script")
+    if args.wrap and all(t.name == module_mode.AS_BUILT for t in targets):
+        raise UsageError(f"--wrap selects what an impl checkpoints; --impl {module_mode.AS_BUILT} checkpoints what "
+                           "the model itself does (name another impl beside it for --wrap to apply)")
+    runs = [(factory, target, capture, mode) for factory in args.factory for target in targets
+            for capture in captures for mode in (modes[:1] if target.name == module_mode.AS_BUILT else modes)]
+    return targets, device, runs
+
+
+def _module_axes(args: argparse.Namespace, device: str) -> tuple[list[Capture], list[Any]]:
+    """The capture modes and checkpoint modes a module run crosses (``--capture``, ``--mode``);
+    UsageError for none, a graph capture off CUDA, or fewer than two iterations."""
     captures = [parse_value("capture", v.strip()) for v in args.capture.split(",") if v.strip()]
     modes = [parse_value("mode", v.strip()) for v in args.mode.split(",") if v.strip()]
     if not captures or not modes:
@@ -913,15 +962,14 @@ def cmd_module(args: argparse.Namespace) -> int:
     if args.iterations < 2:
         raise UsageError(f"--iterations must be at least 2 (the second shows what a leaked draw does next), "
                            f"got {args.iterations}")
-    if args.report_dir:
-        reporting.check_report_dir(args.report_dir, replace=args.replace_report)
-    if args.script:
-        reporting.check_output_file(args.script, "--script")
-    if args.wrap and all(t.name == module_mode.AS_BUILT for t in targets):
-        raise UsageError(f"--wrap selects what an impl checkpoints; --impl {module_mode.AS_BUILT} checkpoints what "
-                           "the model itself does (name another impl beside it for --wrap to apply)")
-    runs = [(factory, target, capture, mode) for factory in args.factory for target in targets
-            for capture in captures for mode in (modes[:1] if target.name == module_mode.AS_BUILT else modes)]
+    return captures, modes
+
+
+def _run_modules(args: argparse.Namespace, runs: list[tuple[str, Any, Capture, Any]], device: str
+                 ) -> list[CaseRecord]:
+    """Each run's summary printed as it finishes, and its record."""
+    from . import module_mode, module_report
+
     records: list[CaseRecord] = []
     for number, (factory, target, capture, mode) in enumerate(runs):
         try:
@@ -936,6 +984,13 @@ def cmd_module(args: argparse.Namespace) -> int:
         records.append(module_report.record(result, factory, target.name, version, device, capture, mode,
                                             wrap, must_support=result.must_support,
                                             rounding_fails=args.rounding_fails))
+    return records
+
+
+def _module_outputs(args: argparse.Namespace, targets: list[Any], records: list[CaseRecord]) -> int:
+    """The counts line, the report and the script of a module run; its exit status."""
+    from . import module_report
+
     counts = Counter(Verdict(r.verdict).value for r in records)
     rounding = sum(1 for r in records if r.outcome is Outcome.ROUNDING)
     if len(records) > 1:

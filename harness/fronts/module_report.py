@@ -64,6 +64,7 @@ def record(result: "ModuleResult", factory: str, impl: str, version: str | None,
         iterations=result.iterations, verdict=Verdict(judgement.verdict), verdict_note=judgement.note,
         extra={"kind": "module", "factory": factory, "wrap": list(wrap or []),
                "checkpointed": ", ".join(repr(p) for p in result.checkpointed),
+               "not_wrapped": ", ".join(repr(p) for p in result.not_wrapped),
                "draws_per_forward": result.draws_per_forward, "draw_sites": len(result.draws),
                "first_divergent_draw": result.first_divergent or "", "diagnosis": result.diagnosis,
                "transformers": result.transformers, "checkpointing_api": result.checkpointing_api},
@@ -99,6 +100,11 @@ def summary(factory: str, impl: str, device: str, capture: Capture, mode: Mode, 
             shown += f", ... ({len(paths)} in all)"
         lines.append(f"{what}: {shown}; {result.draws_per_forward} RNG draws per forward at "
                      f"{len(result.draws)} sites, {result.iterations} iterations")
+    if result.not_wrapped:
+        left = ", ".join(repr(p) for p in result.not_wrapped[:SHOWN_PATHS])
+        more = f", ... ({len(result.not_wrapped)} in all)" if len(result.not_wrapped) > SHOWN_PATHS else ""
+        lines.append(f"not wrapped: {left}{more} (matched by --wrap, but containers with no forward of their own: "
+                     "the model calls their children one by one)")
     if result.transformers:
         lines.append(library_line(result))
     if result.first_divergent:

@@ -167,7 +167,9 @@ def _option_problem(config: pytest.Config) -> str | None:
     if per_gpu is not None and per_gpu < 1:
         return f"{flag(config, 'workers-per-gpu')} must be at least 1, got {per_gpu}"
     problem = options_problem(option(config, "ranks"), option(config, "tp"), option(config, "cp"))
-    return problem and _spelled(config, problem, ("ranks", "tp", "cp"))
+    if problem is None and option(config, "ranks") > 1 and not option(config, "isolate"):
+        problem = "--ranks runs every case in rank processes of its own: leave out --no-isolate"
+    return problem and _spelled(config, problem, ("ranks", "tp", "cp", "no-isolate"))
 
 
 def _spelled(config: pytest.Config, message: str, names: tuple[str, ...]) -> str:

@@ -249,6 +249,33 @@ def wrapped_paths(module: torch.nn.Module, patterns: list[str]) -> list[str]:
     return found
 
 
+def _nests(paths: list[str]) -> bool:
+    """Whether one of the submodule `paths` lies inside another (checkpointed regions would nest)."""
+    return any(inner != outer and _under(inner, outer) for inner in paths for outer in paths)
+
+
+def runnable_wrapped(module: torch.nn.Module, wrapped: list[str], patterns: list[str]
+                     ) -> tuple[list[str], list[str]]:
+    """(the wrapped paths whose module has a forward of its own, the containers left out).
+
+    A ``ModuleList`` or ``ModuleDict`` has no forward: the model calls its children one by one, so
+    checkpointing its forward checkpoints nothing, and every draw inside it would look "never
+    recomputed", blamed on a correct checkpoint.  Where a pattern also selects modules that have a
+    forward (``**``), such containers are left out and the summary says so; a pattern that selects
+    only containers is the user's mistake: `ModuleError`, naming what to wrap instead."""
+    modules = dict(module.named_modules())
+    containers = [path for path in wrapped if type(modules[path]).forward is torch.nn.Module.forward]
+    for pattern in patterns:
+        hits = [path for path in wrapped if path_matches(path, pattern)]
+        if hits and all(path in containers for path in hits):
+            shown = ", ".join(f"{p!r} ({type(modules[p]).__name__})" for p in hits[:4]) + (", ..." if len(hits) > 4
+                                                                                          else "")
+            raise ModuleError(f"--wrap {pattern!r} selects {shown}, which has no forward of its own: the model calls "
+                              "its children one by one, so checkpointing it would checkpoint nothing; wrap what "
+                              f"runs, e.g. --wrap '{hits[0]}.*'")
+    return [path for path in wrapped if path not in containers], containers
+
+
 def _under(path: str, root: str) -> bool:
     """True when submodule `path` is `root` or inside it ('' is the whole module)."""
     return root == "" or path == root or path.startswith(root + ".")
@@ -419,7 +446,8 @@ class ModuleResult:
     rounding of the reference: `draws.rounding_only`), mismatch, error (the impl raised: `error`,
     `traceback`, and the `warnings` the run gave), unsupported (the impl declared a limit:
     `reason`) or skipped (no verdict: `reason`).  `checkpointed`: the submodule paths
-    checkpointed (wrapped, or as built);
+    checkpointed (wrapped, or as built); `not_wrapped` the containers a ``--wrap`` pattern
+    matched, which have no forward to checkpoint (`runnable_wrapped`);
     `draws`: every draw name the reference made (in first-seen order); `draws_per_forward` the
     draws of iteration 0's forward; `first_divergent` the first draw that went wrong, else
     `diagnosis` says what differs with no draw to blame.  `transformers`: the version of
@@ -442,6 +470,7 @@ class ModuleResult:
     must_support: bool = False  # unsupported, by an impl that must run everything, with no limit declared
     transformers: str = ""  # the transformers version the model's classes come from ('' for none)
     checkpointing_api: str = ""  # the method that turned the build under test's checkpointing on (`hf.used_api`)
+    not_wrapped: list[str] = field(default_factory=list)  # matched by --wrap, left out: containers with no forward
 
     @property
     def passed(self) -> bool:
@@ -485,16 +514,19 @@ ATEN_OPS = {
 
 
 def module_case(mode: Mode, capture: Capture, device: torch.device, draws: list[str], keyword: bool,
-                tracked: bool) -> Case:
+                tracked: bool, nested: bool = False) -> Case:
     """The matrix case that says what an impl must handle to run this model: `mode` and
-    `capture`, one flat region holding a site per kind of RNG op the model drew (`ATEN_OPS`; ops
+    `capture`, one region holding a site per kind of RNG op the model drew (`ATEN_OPS`; ops
     of no kind there are left out, and a model drawing none gets a site that draws nothing), passed
     by keyword where a wrapped forward was given keyword arguments, in the mixed layout when the
-    model forks its own tracker streams (else the default layout)."""
+    model forks its own tracker streams (else the default layout); with `nested` (a wrapped
+    submodule inside another), that region holds a second one, so an impl that cannot nest its
+    regions declares the run unsupported instead of failing it."""
     found = {ATEN_OPS[op] for op in map(draw_op, draws) if op in ATEN_OPS}
     half = {Op.SDPA_FLASH, Op.SDPA_CUDNN}  # half-only kernels
     sites = [f"{op.value}.bf16" if op in half else op.value for op in Op if op in found] or [Op.DROPOUT_P0.value]
-    spec = f"{'keyword' if keyword else ''}({'+'.join(sites)})"
+    body = "+".join(sites)
+    spec = f"{'keyword' if keyword else ''}({body}+({body}))" if nested else f"{'keyword' if keyword else ''}({body})"
     try:
         program = parse_program(spec)
     except ProgramError as exc:  # a harness bug, not the user's: say what was built
@@ -567,7 +599,9 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
                 result.transformers = hf.transformers_version(made.module)
                 first_state = _state(made.module)  # before a forward updates any buffer
                 if not as_built:  # bad patterns: bad input, before any run
-                    wrapped = wrapped_paths(made.module, wrap or [""])
+                    patterns = wrap or [""]
+                    wrapped, result.not_wrapped = runnable_wrapped(made.module, wrapped_paths(made.module, patterns),
+                                                                   patterns)
             elif not _same_state(first_state, _state(made.module)):
                 raise ModuleError(f"factory {factory_path} is not deterministic: builds after the same seeding "
                                   "have different parameters or buffers")
@@ -575,7 +609,7 @@ def _judge(factory: Callable[..., Any], factory_path: str, impl: Any, name: str,
                 reference = sessions[0]
                 keyword = mode is Mode.NONREENTRANT and bool(reference.keywords & set(wrapped))
                 case = module_case(mode, capture, dev, _draw_names(reference.record), keyword,
-                                   takes_tracker(factory))
+                                   takes_tracker(factory), nested=_nests(wrapped))
                 unsupported = declared_unsupported(impl, name, case)
                 if unsupported:
                     result.outcome, result.reason = "unsupported", unsupported

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Sequence
 from ..model.cases import Case
 from ..rank_context import RankContext, layout_problem
 from ..results import Mismatch, Outcome
+from . import rank_entry
 from .runner import CaseResult, result_from_dict
 
 # How often the group looks at the ranks' files: at once after something came (the fuzzer waits on
@@ -39,7 +40,8 @@ POLL_MIN_S, POLL_MAX_S = 0.001, 0.02
 # The launcher's start (N processes importing torch, joining the group) is not the first case's
 # time: until a rank starts a case the limit is this, or the case limit where that is longer.
 STARTUP_S = 120.0
-LAUNCHER = ("-m", "torch.distributed.run", "--standalone", "--max-restarts=0")
+# torch.distributed's launcher through `rank_entry`, which ties it (and each rank) to its parent.
+LAUNCHER = ("-m", "harness.run.rank_entry", "launch", "--standalone", "--max-restarts=0")
 STOP_WAIT_S = 30.0  # how long ranks asked to stop may take before they are killed
 
 
@@ -75,6 +77,10 @@ def combine(case: Case, impl: str, lines: Sequence[dict[str, Any]], layout: str 
     first = per[0]
     result = CaseResult(case, impl, Outcome.PASS, impl_version=first.impl_version, iterations=first.iterations,
                         ranks=len(per), rank_layout=layout, duration_s=max(r.duration_s for r in per))
+    # What the ranks saw their torch do (what a compiled region's partition kept, say): the facts an
+    # entry's model asks.  Each rank runs the same program, so the first rank that says a fact says it.
+    for rank_result in per:
+        result.observed = {**rank_result.observed, **result.observed}
     result.per_rank = [{"rank": n, "outcome": r.outcome.value, "oracles": sorted({m.oracle for m in r.mismatches}),
                         **({"error": r.error} if r.error else {}), **({"reason": r.reason} if r.reason else {})}
                        for n, r in enumerate(per)]
@@ -160,12 +166,15 @@ class _Launch:
         spec = self.folder / "spec.json"
         spec.write_text(json.dumps({"tp": layout.tp, "cp": layout.cp, "parent": os.getpid()}))
         self.queue = open(self.folder / "queue.jsonl", "a", buffering=1)
+        # TMPDIR: the launcher's own torchelastic_* folders go into this launch's folder, removed with it
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               "TORCHELASTIC_ERROR_FILE": str(self.folder / "error.json")}
+               "TORCHELASTIC_ERROR_FILE": str(self.folder / "error.json"), "TMPDIR": str(self.folder),
+               rank_entry.PARENT_ENV: str(os.getpid())}
         with open(self.log, "w") as sink:
             self.process = subprocess.Popen(
-                [sys.executable, *LAUNCHER, f"--nproc-per-node={layout.world}", "-m", "harness.run.rank_worker",
-                 str(spec), str(self.folder)], stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                [sys.executable, *LAUNCHER, f"--nproc-per-node={layout.world}", "-m", "harness.run.rank_entry",
+                 "rank", str(spec), str(self.folder)], stdout=sink, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True)
         self.files = [_RankFile(self.folder / f"rank{rank}.jsonl") for rank in range(layout.world)]
         self.results: list[dict[int, dict[str, Any]]] = [{} for _ in range(layout.world)]
         self.started: set[int] = set()
@@ -235,8 +244,10 @@ class RankGroup:
     def __enter__(self) -> "RankGroup":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        # Stopped by an exception (Ctrl-C, SIGTERM, a consumer that let go of `run_ranked`): the
+        # ranks' current case is of no use, so they are killed rather than let finish it.
+        self.close(kill=exc_type is not None)
 
     def start(self) -> None:
         """Start the ranks now (they import torch: seconds), without waiting for them."""
@@ -311,12 +322,13 @@ class RankGroup:
             self.start()
         return failed
 
-    def close(self) -> None:
-        """Stop the ranks (idempotent); cases still queued are dropped."""
+    def close(self, kill: bool = False) -> None:
+        """Stop the ranks (idempotent): asked to, once they finish their case, or with `kill` at
+        once (a run that was stopped); cases still queued are dropped."""
         self._queued.clear()
         if self._launch is not None:
             launch, self._launch = self._launch, None
-            launch.close(kill=False)
+            launch.close(kill=kill)
 
 
 def run_ranked(impl: str, cases: Sequence[Case], ranks: int, case_timeout: float,
