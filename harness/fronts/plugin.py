@@ -85,7 +85,7 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
                         help="auto (cuda if available, else cpu), cpu, cuda, or a comma list")),
         ("report-dir", dict(default=None, metavar="DIR",
                             help="where the report goes (default: reports/<timestamp>-<pid> under the rootdir); a "
-                                 f"folder that holds a report is refused unless {PREFIX}replace-report")),
+                                 f"folder that holds a report is refused unless --{PREFIX}replace-report")),
         ("replace-report", dict(action="store_true", default=False,
                                 help="the report folder may hold a report: this run replaces it (its files are "
                                      "removed at the first record)")),
