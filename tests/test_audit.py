@@ -16,6 +16,15 @@ from harness.verdict import audit, expectations
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = sorted((ROOT / "cases" / "records").glob("*.jsonl.gz"))
+# The facts of the machine that made the cpu-torch2.13 records (harness/data/machines): what a
+# record's own machine_facts lack is answered by them, not by whatever torch runs these tests
+# (torch 2.11 on the GPU machine picks other CPU attention backends).
+CPU_MACHINE = ["--machine", "cpu-torch2.13"]
+
+
+def machine_of(path: Path) -> list[str]:
+    """The --machine arguments for a records file: the CPU facts for cpu-torch2.13 records."""
+    return CPU_MACHINE if path.name.startswith("cpu-torch2.13") else []
 
 ENTRIES = """
 [[expect]]
@@ -139,7 +148,7 @@ def test_the_records_of_the_default_cpu_matrix_are_committed_and_listed():
 @pytest.mark.parametrize("path", RECORDS, ids=[p.name for p in RECORDS])
 def test_the_committed_records_audit_clean(path, capsys):
     # no wrong claim (exit 0), and every failure explained: none missed, none new
-    assert main(["expectations", "audit", str(path), "--examples"]) == 0
+    assert main(["expectations", "audit", str(path), "--examples", *machine_of(path)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert " 0 failures missed by an entry expecting them; 0 new failures no entry explains" in last, last
 
@@ -161,7 +170,7 @@ def test_the_audit_of_the_committed_records_fails_when_a_model_is_wrong(tmp_path
     path = tmp_path / "e.toml"
     path.write_text(broken)
     cpu = [p for p in RECORDS if p.name.startswith("cpu-")]
-    code = main(["expectations", "audit", *map(str, cpu), "--expectations", str(path), "--examples"])
+    code = main(["expectations", "audit", *map(str, cpu), "--expectations", str(path), "--examples", *CPU_MACHINE])
     out = capsys.readouterr().out
     if wrong == "stale":
         assert code == 1 and ": torch-ignores-tracker (torch): nonreentrant-default-eager-" in out, out[-3000:]
@@ -180,7 +189,8 @@ def test_the_fuzz_baseline_audits_as_recorded(capsys):
     # Real records the expectations do not describe well (issue 40): the audit must keep finding
     # the wrong claims in them.  When an edit of the expectations changes these figures, the
     # README of cases/records and this line say the new ones.
-    assert main(["expectations", "audit", str(BASELINE)]) == 0  # no wrong claim left: the missed and new stay
+    # no wrong claim left: the missed and new stay
+    assert main(["expectations", "audit", str(BASELINE), *CPU_MACHINE]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == BASELINE_AUDIT
 
 
@@ -239,7 +249,7 @@ def test_the_deepspeed_partition_fuzz_on_two_cpu_ranks_audits_as_recorded(capsys
     # Issue 41: deepspeed-partition fuzzed on two CPU ranks (three 60 s runs).  Its 4 wrong claims
     # are the adapter's rounding entry (deepspeed-partition-clone-sums-reads) on programs whose
     # reordered sums happened to round alike; cases/records/README.md says so.
-    assert main(["expectations", "audit", str(DSP_BASELINE)]) == 1
+    assert main(["expectations", "audit", str(DSP_BASELINE), *CPU_MACHINE]) == 1
     assert capsys.readouterr().out.strip().splitlines()[-1] == DSP_BASELINE_AUDIT
 
 
@@ -252,7 +262,7 @@ def test_the_rank_entries_claim_only_records_that_say_their_ranks(tmp_path, caps
     assert lines and all(line.get("ranks") in (2, 4) for line in lines)
     stripped = tmp_path / "no-ranks.jsonl"
     stripped.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "ranks"}) + "\n" for line in lines))
-    code = main(["expectations", "audit", str(stripped)])
+    code = main(["expectations", "audit", str(stripped), *CPU_MACHINE])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert " 0 new failures" not in last, last  # the controls' failures: no entry of one process explains them
     assert code == 1  # and a deepspeed-partition failure falls to another entry, which names another one

@@ -31,6 +31,11 @@ def judged(impl: str, case_id: str) -> dict:
     return judged_record(result, Target(impl, adapter), expectations.load()).to_json()
 
 
+@pytest.mark.xfail(torch.cuda.is_available(), strict=True, reason=(
+    "seen on an H200 (torch 2.11.0+cu130, 2026-12-07): where CUDA is there, the compiled checkpoint of this "
+    "CPU-only program leaves cuda:0's generator elsewhere than the compiled reference (live-stream, both "
+    "iterations); not yet explained (a lazy initialisation, or a CUDA RNG op in a CPU region's compiled "
+    "checkpoint): issue 57's lead"))
 def test_checkpoint_inside_compile_passes():
     record = judged("torch-compile", FLAT)
     assert (record["outcome"], record["verdict"]) == ("pass", "pass"), record["mismatches"][:2]

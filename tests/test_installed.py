@@ -158,7 +158,8 @@ def test_the_installed_package_runs_like_the_checkout(tmp_path, record_property)
 
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        for name in ("expectations.toml", "corpus.toml", "machines/h200-torch2.11.json"):
+        for name in ("expectations.toml", "corpus.toml", "machines/h200-torch2.11.json",
+                     "machines/cpu-torch2.13.json"):
             assert archive.read(f"harness/data/{name}") == (ROOT / "cases" / name).read_bytes(), name
         assert "harness/fronts/repro_template.py" in names and "harness/pytest_cases.py" in names
         entry_points = archive.read(f"ckpt_rng_harness-{__version__}.dist-info/entry_points.txt").decode()
@@ -232,8 +233,8 @@ def test_the_installed_package_runs_like_the_checkout(tmp_path, record_property)
 
 def test_the_checkout_reads_the_shipped_files_through_the_package():
     """What `harness.data` finds is what contributors edit in cases/ (links in a checkout)."""
-    for name in ("expectations.toml", "corpus.toml", "machines/h200-torch2.11.json"):
+    for name in ("expectations.toml", "corpus.toml", "machines/h200-torch2.11.json", "machines/cpu-torch2.13.json"):
         assert shipped_data.shipped(name).read_bytes() == (ROOT / "cases" / name).read_bytes(), name
-    assert shipped_data.machine_names() == ["h200-torch2.11"]
+    assert shipped_data.machine_names() == ["cpu-torch2.13", "h200-torch2.11"]
     assert shipped_data.machine_file("h200-torch2.11") == shipped_data.path("machines/h200-torch2.11.json")
     assert shipped_data.machine_file("../expectations") is None and shipped_data.machine_file("nope") is None

@@ -131,7 +131,7 @@ def _pytest_interrupted(tmp_path: Path, sig: int = signal.SIGINT) -> tuple[Watch
     # `-k reentrant-default-eager-flat-none` alone would select the nonreentrant cases too.
     keyword = f"bundled-{CASE} or make_hang-{CASE}"
     run = Watched([sys.executable, "-m", "pytest", "cases", "-p", "no:cacheprovider", "-p", "no:xdist",
-                   "--impl", f"bundled,{HANG}", "--isolate", "--case-timeout", "600", "-k", keyword,
+                   "--impl", f"bundled,{HANG}", "--device", "cpu", "--isolate", "--case-timeout", "600", "-k", keyword,
                    "--report-dir", str(tmp_path / "r"), "-v"], tmp_path / "stderr.txt")
     try:
         run.wait_for(rf"test_case\[bundled-{CASE}\] PASSED")

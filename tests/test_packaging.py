@@ -141,3 +141,29 @@ def test_the_checkout_spellings_and_the_prefixed_ones_name_what_was_typed(tmp_pa
         proc = subprocess.run([sys.executable, "-m", "pytest", "cases", "-q", "-p", "no:cacheprovider", spelling, "0"],
                               cwd=ROOT, capture_output=True, text=True, timeout=PROCESS_LIMIT_S)
         assert proc.returncode == 2 and proc.stderr.strip() == f"error: {spelling} must be at least 1, got 0"
+
+
+def test_a_package_version_is_the_imported_copys_where_another_copy_is_installed(tmp_path, monkeypatch):
+    """A checkout (or a stand-in) on PYTHONPATH shadowing an installed release: the metadata names
+    the release, the code that runs is the checkout's (issue 59: megatron-core 0.19.2 installed on
+    the GPU machine, the tests' stand-in 0.18.1 imported)."""
+    from harness.impls import packages
+
+    installed, checkout = tmp_path / "installed", tmp_path / "checkout"
+    for root, version in ((installed, "9.9"), (checkout, "10.0.dev0")):
+        (root / "shadowpkg").mkdir(parents=True)
+        (root / "shadowpkg" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    info = installed / "shadowpkg-9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shadowpkg\nVersion: 9.9\n")
+    monkeypatch.syspath_prepend(str(installed))
+    monkeypatch.syspath_prepend(str(checkout))  # first on the path: the copy that imports
+    importlib.invalidate_caches()
+    monkeypatch.delitem(sys.modules, "shadowpkg", raising=False)
+    module = importlib.import_module("shadowpkg")
+    assert module.__version__ == "10.0.dev0" and packages.shadowed(module, ["shadowpkg"])
+    monkeypatch.delitem(sys.modules, "shadowpkg")
+    monkeypatch.syspath_prepend(str(installed))  # now the installed copy imports: its metadata is its own
+    importlib.invalidate_caches()
+    assert not packages.shadowed(importlib.import_module("shadowpkg"), ["shadowpkg"])
+    assert not packages.shadowed(module, ["not-installed-anywhere"])  # no metadata to compare with

@@ -141,8 +141,9 @@ RAISE_K = "make_raise-reentrant-tracked-eager-flat-none"  # the one case: the im
 
 
 def test_a_failure_other_than_the_expected_one_is_a_wrong_failure(tmp_path):
-    proc = pytest_run("--impl", RAISE, "--expectations", str(expectations_file(tmp_path, EXPECT_MISMATCH)),
-                      "-k", RAISE_K, "--report-dir", str(tmp_path / "r"))
+    expected = str(expectations_file(tmp_path, EXPECT_MISMATCH))
+    proc = pytest_run("--impl", RAISE, "--device", "cpu", "--expectations", expected, "-k", RAISE_K,
+                      "--report-dir", str(tmp_path / "r"))
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "1 failed" in proc.stdout
     [failed] = failures(proc.stdout).values()
@@ -153,8 +154,9 @@ def test_a_failure_other_than_the_expected_one_is_a_wrong_failure(tmp_path):
 
 
 def test_the_expected_failure_is_an_xfail(tmp_path):
-    proc = pytest_run("--impl", RAISE, "--expectations", str(expectations_file(tmp_path, EXPECT_ERROR)),
-                      "-k", RAISE_K, "--report-dir", str(tmp_path / "r"))
+    expected = str(expectations_file(tmp_path, EXPECT_ERROR))
+    proc = pytest_run("--impl", RAISE, "--device", "cpu", "--expectations", expected, "-k", RAISE_K,
+                      "--report-dir", str(tmp_path / "r"))
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "1 xfailed" in proc.stdout and "failed" not in proc.stdout.replace("xfailed", "")
     [record] = records(tmp_path / "r").values()
@@ -162,7 +164,8 @@ def test_the_expected_failure_is_an_xfail(tmp_path):
 
 
 def test_a_stale_expectation_fails_the_run(tmp_path):
-    proc = pytest_run("--impl", "bundled", "--expectations", str(expectations_file(tmp_path, EXPECT_STALE)),
+    expected = str(expectations_file(tmp_path, EXPECT_STALE))
+    proc = pytest_run("--impl", "bundled", "--device", "cpu", "--expectations", expected,
                       "-k", "bundled-reentrant-default-eager-flat-none-cpu", "--report-dir", str(tmp_path / "r"))
     assert proc.returncode == 1, proc.stdout[-2000:]
     [failed] = failures(proc.stdout).values()

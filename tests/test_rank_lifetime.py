@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import rank_context
 from harness.rank_context import max_ranks, options_problem
@@ -112,6 +113,8 @@ def test_a_ranks_run_leaves_nothing_in_the_temporary_folder_and_says_it_used_ran
     assert list(temporary.iterdir()) == []  # torchelastic_* folders of the launcher included
 
 
+@pytest.mark.skipif(not hasattr(torch.autograd.graph, "region_activation_memory_budget"),
+                    reason="this torch has no regional budget: torch-region-budget cannot run")
 def test_a_model_entry_that_needs_what_the_ranks_observed_judges_their_record(tmp_path):
     # torch-region-budget's known bug is a model over what its compiled region kept: a record of
     # two ranks must carry that observed fact, or the known bug becomes an unexpected failure

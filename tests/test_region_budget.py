@@ -62,6 +62,7 @@ def test_list_impls_shows_them(capsys):
     "reentrant-default-eager-flat-none-cpu", "reentrant-untracked-eager-nested-draws-cpu",
     FLAT, "nonreentrant-untracked-eager-nested-draws-cpu",
 ])
+@needs_region_budget  # where it is missing, every cell says so instead (test_the_impls_are_listed...)
 def test_unsupported_cells_and_reasons_are_torch_compile_budgets(case_id):
     case = parse_case_id(case_id)
     budget = impls.load("torch-compile-budget")

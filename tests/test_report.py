@@ -98,13 +98,16 @@ def test_status_tells_known_failures_and_stale_entries_from_plain_outcomes():
 
 
 def test_summary_has_environment_attention_counts_matrices_and_failing_cases(real_records):
-    text = report.summary_markdown(real_records, environment())
+    env = environment()
+    text = report.summary_markdown(real_records, env)
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections == ["## Environment", "## Needs attention", "## Outcomes per implementation",
                         "## Layout x capture", "## Failing cases"]
     for api in ("graphsafe_get_state", "register_generator_state", "philox_state", "capture-time get_state"):
         assert api in text
-    assert "unknown (no CUDA)" in text or "capture-time get_state | yes" in text
+    # the row says what this machine's probe said ("unknown (no CUDA)" on a CPU machine); tabulate pads the cells
+    said = report_env.rng_apis(env)["capture-time get_state"]
+    assert re.search(rf"\| RNG API: capture-time get_state\s*\| {re.escape(said)}\s*\|", text), text[:1500]
     assert "### torch · reentrant" in text and "### bundled · nonreentrant" in text
     assert "### Unexpected failures: 2" in text
     assert "python -m harness repro reentrant-tracked-eager-flat-none-cpu --impl torch" in text

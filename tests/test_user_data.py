@@ -104,12 +104,12 @@ def test_a_folder_without_a_report_is_used_as_it_is(tmp_path):
 
 def test_pytest_refuses_a_report_dir_holding_a_report_unless_told_to_replace_it(tmp_path):
     before = old_report(tmp_path / "rep")
-    proc = pytest_run("cases", "-q", "-k", CASE, "--report-dir", str(tmp_path / "rep"))
+    proc = pytest_run("cases", "-q", "--device", "cpu", "-k", CASE, "--report-dir", str(tmp_path / "rep"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "already holds a report" in proc.stdout + proc.stderr
     assert snapshot(tmp_path / "rep") == before
-    proc = pytest_run("cases", "-q", "-k", f"bundled-{CASE}", "--report-dir", str(tmp_path / "rep"),
-                      "--replace-report")
+    proc = pytest_run("cases", "-q", "--device", "cpu", "-k", f"bundled-{CASE}", "--report-dir",
+                      str(tmp_path / "rep"), "--replace-report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [r["case_id"] for r in results(tmp_path / "rep")] == [CASE]
 

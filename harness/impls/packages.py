@@ -10,6 +10,7 @@ import importlib
 import importlib.metadata
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -49,6 +50,11 @@ class LazyModule:
         self.load()
         return self._error
 
+    @property
+    def tried(self) -> bool:
+        """Whether the import was made (by `load`), so asking about it imports nothing."""
+        return self._tried
+
     def require(self) -> Any:
         """The module; raises ImportError with the kept message when it does not import."""
         module = self.load()
@@ -71,6 +77,19 @@ def installed_version(*distributions: str) -> str | None:
         except Exception:  # a malformed dist-info is no reason to crash a report
             continue
     return None
+
+
+def shadowed(module: Any, distributions: Iterable[str]) -> bool:
+    """Whether the imported `module` lies outside the folder of the first installed distribution
+    among `distributions` (whose metadata would then name another copy's version)."""
+    path = getattr(module, "__file__", None)
+    for dist in distributions:
+        try:
+            root = Path(str(importlib.metadata.distribution(dist).locate_file(""))).resolve()
+        except Exception:  # not installed, or a malformed dist-info: nothing to compare with
+            continue
+        return path is not None and root not in Path(path).resolve().parents
+    return False
 
 
 def graphsafe_apis_missing() -> list[str]:
@@ -217,13 +236,21 @@ class PackageAdapter(Adapter):
 
     @property
     def version(self) -> str | None:
-        """The installed version; for a checkout on PYTHONPATH, its version attribute.  Metadata
-        first, so asking for the version does not import the package (a process that only writes
-        reports never pays for the import)."""
+        """The version of the code under test: the installed metadata, read without importing
+        the package (a process that only writes reports never pays for the import), unless the
+        module imported is another copy than the one the metadata describes (a checkout or a
+        stand-in on PYTHONPATH shadowing an installed release): then the module's own version
+        attribute, as for a checkout with no metadata.  None where the import was made and failed:
+        nothing of the package ran."""
+        lazy = self.lazy()
+        if lazy.tried and lazy.load() is None:
+            return None
         found = installed_version(*self.distributions)
-        if found is None and self.lazy().load() is not None:
-            found = module_version(sys.modules.get(self.top_module), self.version_attrs)
-        return found
+        if found is not None and not (lazy.tried and shadowed(sys.modules.get(self.top_module), self.distributions)):
+            return found
+        if lazy.load() is None:
+            return found
+        return module_version(sys.modules.get(self.top_module), self.version_attrs) or found
 
     def unavailable(self) -> str | None:
         """None when the module under test imports, else one line with its import error."""
