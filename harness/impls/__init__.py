@@ -70,6 +70,7 @@ BUILTIN: dict[str, str] = {
     "accelerate-fsdp2": "harness.impls.accelerate:make_fsdp2",
     "accelerate-fsdp2-offload": "harness.impls.accelerate:make_fsdp2_offload",
     "torchtune-ac": "harness.impls.torchtune:make_torchtune",
+    "torchtune-recipes": "harness.impls.torchtune:make_torchtune_recipes",
     # torch_remat (issue 38): no hook, its README's hook, the harness's hook.
     "remat": "harness.impls.remat:make_remat",
     "remat-readme-hook": "harness.impls.remat:make_readme_hook",
