@@ -12,6 +12,7 @@ Only the standard library here: the report readers and the pytest entry point ma
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -71,8 +72,6 @@ def expectations_path(reg: Registration) -> Path:
         raise EntryPointError(f"{reg.origin}: entry point {EXPECTATIONS_GROUP} {reg.name} = {reg.value!r}: "
                               "expected package.module:ATTRIBUTE (the attribute holds the file's path)")
     try:
-        import importlib
-
         target = importlib.import_module(module_name)
         for part in attr.split("."):
             target = getattr(target, part)

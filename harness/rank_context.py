@@ -14,6 +14,7 @@ stream's offset is a multiple of `TP_SEED_STRIDE` (`stream_seed`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 # The axes each tracker stream's seed depends on (every stream not named here: none, the same
@@ -123,8 +124,6 @@ def available_memory_bytes() -> "int | None":
 def max_ranks(cores: "int | None" = None, memory: "int | None" = None) -> tuple[int, str]:
     """The most ranks this machine holds at once, and why (its cores and available memory):
     ``--ranks`` above it is refused before a launcher starts N processes that import torch."""
-    import os
-
     cores = cores if cores is not None else (os.cpu_count() or 1)
     memory = memory if memory is not None else available_memory_bytes()
     bound, why = RANKS_PER_CORE * cores, f"{RANKS_PER_CORE} per core on {cores} cores"

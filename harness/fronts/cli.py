@@ -76,6 +76,15 @@ def _add_replace(parser: argparse.ArgumentParser) -> None:
                              "first record; without the flag such a folder is refused)")
 
 
+def _add_expectations(parser: argparse.ArgumentParser) -> None:
+    """The options that choose the expectation entries a command judges by (`_load_expectations`)."""
+    parser.add_argument("--expectations", default=None, metavar="FILE",
+                        help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
+    parser.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
+                        help="an expectations file whose entries add to the shipped ones (and to those installed "
+                             "packages register); repeatable")
+
+
 def _add_ranks(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=1, metavar="N",
                         help="run each case in N processes forming one parallel layout (torch.distributed's "
@@ -180,11 +189,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="default: reports/<timestamp>-<pid>; a folder that holds a report is refused "
                             f"unless {reporting.REPLACE_FLAG}")
     _add_replace(p_run)
-    p_run.add_argument("--expectations", default=None, metavar="FILE",
-                       help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
-    p_run.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
-                       help="an expectations file whose entries add to the shipped ones (and to those installed "
-                            "packages register); repeatable")
+    _add_expectations(p_run)
     p_run.add_argument("-q", "--quiet", action="store_true", help="print only the final counts")
     p_run.add_argument("--shard", default=None, metavar="I/N", help="run only shard I of N")
     p_run.add_argument("--no-isolate", dest="isolate", action="store_false",
@@ -213,11 +218,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="also write a standalone Python script that reproduces the case")
     p_repro.add_argument("--all-streams", action="store_true",
                          help="show every stream in the timeline, not only those that diverge")
-    p_repro.add_argument("--expectations", default=None, metavar="FILE",
-                         help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
-    p_repro.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
-                         help="an expectations file whose entries add to the shipped ones (and to those installed "
-                              "packages register); repeatable")
+    _add_expectations(p_repro)
     p_repro.add_argument("--allow-unsupported", action="store_true",
                          help="run the impl even when its package cannot load (the case is unsupported)")
 
@@ -246,11 +247,7 @@ def _parser() -> argparse.ArgumentParser:
     p_fuzz.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="N searches side by side, each its own seed and isolated worker, spread over the "
                              "visible GPUs (default 1: a seed repeats a run only with one)")
-    p_fuzz.add_argument("--expectations", default=None, metavar="FILE",
-                        help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
-    p_fuzz.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
-                        help="an expectations file whose entries add to the shipped ones (and to those installed "
-                             "packages register); repeatable")
+    _add_expectations(p_fuzz)
     p_fuzz.add_argument("--save", dest="save", action="store_true", default=False,
                         help="add each new (unexpected) failure found to the corpus, which the default matrix "
                              "replays; without it nothing is written (known bugs are never added)")
@@ -353,11 +350,7 @@ def _parser() -> argparse.ArgumentParser:
     p_diff.add_argument("--torch", default=None, metavar="VERSION",
                         help="the torch version to judge for (torch ranges; default this process's)")
     for p in (p_explain, p_conflicts, p_audit, p_diff):
-        p.add_argument("--expectations", default=None, metavar="FILE",
-                       help="replaces the shipped expectations file (cases/expectations.toml in a checkout)")
-        p.add_argument("--add-expectations", action="append", default=[], metavar="FILE",
-                       help="an expectations file whose entries add to the shipped ones (and to those installed "
-                            "packages register); repeatable")
+        _add_expectations(p)
 
     report_cli.add_commands(sub, COMMANDS)
     return parser

@@ -182,7 +182,8 @@ def load(name: str) -> Adapter:
     adapter = _build(name, path, _import_factory(name, path))
     if not getattr(adapter, "name", None) or getattr(adapter, "name") == "unnamed":
         adapter.name = name
-    registration = entry_points.impls().get(name)
+    # a name a package registers (not a shipped one as shipped): asked once more, only for such names
+    registration = entry_points.impls().get(name) if path != BUILTIN.get(name) else None
     if registration is not None and registration.value == path:
         # the package behind the name: its version stands in where the adapter names none
         adapter._harness_registration = registration
