@@ -31,6 +31,7 @@ entry-point group ``harness.implementations`` and by ``module:factory``.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -761,6 +762,21 @@ def test_version_comes_from_the_distribution_when_it_does_not_import(install, tm
 
 
 # --- Megatron-core against its stand-in ------------------------------------------------------------
+
+
+def test_the_stand_in_version_wins_over_an_installed_release_it_shadows(megatron, tmp_path, monkeypatch):
+    # the GPU machine of issue 59: megatron-core 0.19.2 installed (its metadata on the path),
+    # the stand-in first on the path: what runs, and so what the records name, is the stand-in
+    release = tmp_path / "release"
+    (release / "megatron" / "core").mkdir(parents=True)
+    (release / "megatron" / "core" / "__init__.py").write_text("")
+    info = release / "megatron_core-0.19.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: megatron-core\nVersion: 0.19.2\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(release)])  # after the stand-in
+    importlib.invalidate_caches()
+    assert importlib.metadata.version("megatron-core") == "0.19.2"
+    assert impls.load("megatron").version == "0.18.1"  # asked before any case ran
 
 
 def test_megatron_version_and_supports_reasons(megatron, monkeypatch):

@@ -171,6 +171,30 @@ def test_a_context_the_recompute_does_not_replay_depends_on_what_this_machine_pi
                      machine=Machine())[0] == "error"
 
 
+def test_what_a_recompute_on_another_backend_raises_can_depend_on_the_forward_backend():
+    # TransformerEngine's frame hands back the recompute's saved tensors by position: on the H100
+    # (TE loaded: flash for half precision, memory-efficient for float32) math and memory-efficient
+    # attention's backward raise, cuDNN's takes flash's tensors silently
+    by_backend = model(behaviour="context-not-replayed", context="sdpa_kernel",
+                       raises_from={"math": "^RuntimeError: Only Tensors", "efficient": "^RuntimeError: expected"})
+    h100_te = Machine({"sdpa.cuda.f32.small.dropout": "efficient", "sdpa.cuda.bf16.small.dropout": "flash",
+                       "sdpa.cuda.f16.small.dropout": "flash"}, probe=False)
+    assert predicted("nonreentrant-default-eager-(sdpa_kernel(sdpa_math))-none-cuda", by_backend,
+                     machine=h100_te) == ("error", "^RuntimeError: Only Tensors")
+    assert predicted("nonreentrant-default-eager-bf16:(sdpa_kernel(sdpa_efficient))-none-cuda", by_backend,
+                     machine=h100_te) == ("error", "^RuntimeError: expected")
+    assert predicted("nonreentrant-default-eager-f16:(sdpa_kernel(sdpa_cudnn))-none-cuda", by_backend,
+                     machine=h100_te) == ("mismatch", ("recompute-mask", "gradient"))
+    # the backend the machine picks itself changes nothing; `message` stands for the backends not named
+    assert predicted("nonreentrant-default-eager-f16:(sdpa_kernel(sdpa_flash))-none-cuda", by_backend,
+                     machine=h100_te) == ("pass", ())
+    with_default = model(behaviour="context-not-replayed", context="sdpa_kernel", message="^Other",
+                         raises_from={"math": "^RuntimeError: Only Tensors"})
+    assert predicted("nonreentrant-default-eager-f16:(sdpa_kernel(sdpa_cudnn))-none-cuda", with_default,
+                     machine=h100_te) == ("error", "^Other")
+    assert "raises_from=math" in with_default.describe()
+
+
 @pytest.mark.parametrize("impl, case_id", [
     ("neg-ignore-tracker", "nonreentrant-mixed-eager-siblings-draws-cpu"),
     ("neg-no-rewind", "reentrant-shared-eager-nested-none-cpu"),
@@ -244,6 +268,11 @@ def test_composition_says_which_entries_decide():
     ({"behaviour": "saved-rng-ops"}, "needs one of ops"),
     ({"behaviour": "saved-rng-ops", "first": True, "every": True}, "needs one of ops"),
     ({"behaviour": "refuses-input", "passing": "keyword", "message": "("}, "is not a regular expression"),
+    ({"behaviour": "context-not-replayed", "context": "sdpa_kernel", "raises_from": "x"}, "must be a table"),
+    ({"behaviour": "context-not-replayed", "context": "sdpa_kernel", "raises_from": {"fast": "x"}},
+     "raises_from 'fast' is none of"),
+    ({"behaviour": "context-not-replayed", "context": "sdpa_kernel", "raises_from": {"math": "("}},
+     "is not a regular expression"),
 ])
 def test_a_malformed_model_is_one_line(raw, message):
     with pytest.raises(ModelError, match=message):

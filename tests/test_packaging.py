@@ -162,8 +162,12 @@ def test_a_package_version_is_the_imported_copys_where_another_copy_is_installed
     monkeypatch.delitem(sys.modules, "shadowpkg", raising=False)
     module = importlib.import_module("shadowpkg")
     assert module.__version__ == "10.0.dev0" and packages.shadowed(module, ["shadowpkg"])
+    # by name: the imported copy, or where nothing imported it yet, the copy an import would load
+    assert packages.shadowed("shadowpkg", ["shadowpkg"])
     monkeypatch.delitem(sys.modules, "shadowpkg")
+    assert packages.shadowed("shadowpkg", ["shadowpkg"]) and "shadowpkg" not in sys.modules
     monkeypatch.syspath_prepend(str(installed))  # now the installed copy imports: its metadata is its own
     importlib.invalidate_caches()
+    assert not packages.shadowed("shadowpkg", ["shadowpkg"])  # found, not imported: the installed copy
     assert not packages.shadowed(importlib.import_module("shadowpkg"), ["shadowpkg"])
     assert not packages.shadowed(module, ["not-installed-anywhere"])  # no metadata to compare with

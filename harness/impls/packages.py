@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import importlib.util
 import sys
 import warnings
 from pathlib import Path
@@ -80,9 +81,10 @@ def installed_version(*distributions: str) -> str | None:
 
 
 def shadowed(module: Any, distributions: Iterable[str]) -> bool:
-    """Whether the imported `module` lies outside the folder of the first installed distribution
-    among `distributions` (whose metadata would then name another copy's version)."""
-    path = getattr(module, "__file__", None)
+    """Whether `module` (an imported module, or the name of a top-level one: then the copy an
+    import would load, found without importing it) lies outside the folder of the first installed
+    distribution among `distributions` (whose metadata would then name another copy's version)."""
+    path = _location(module)
     for dist in distributions:
         try:
             root = Path(str(importlib.metadata.distribution(dist).locate_file(""))).resolve()
@@ -90,6 +92,28 @@ def shadowed(module: Any, distributions: Iterable[str]) -> bool:
             continue
         return path is not None and root not in Path(path).resolve().parents
     return False
+
+
+def _location(module: Any) -> "str | None":
+    """The file (or, for a namespace package, the first folder) `module` is or would be loaded
+    from: an imported module's own, else what the import system finds for that name."""
+    if isinstance(module, str):
+        module = sys.modules.get(module) or _spec(module)
+    if module is None:
+        return None
+    found = getattr(module, "__file__", None) or getattr(module, "origin", None)
+    if found in (None, "namespace"):
+        locations = list(getattr(module, "__path__", None) or getattr(module, "submodule_search_locations", None)
+                         or [])
+        found = locations[0] if locations else None
+    return found
+
+
+def _spec(name: str) -> Any:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
 
 
 def graphsafe_apis_missing() -> list[str]:
@@ -246,7 +270,7 @@ class PackageAdapter(Adapter):
         if lazy.tried and lazy.load() is None:
             return None
         found = installed_version(*self.distributions)
-        if found is not None and not (lazy.tried and shadowed(sys.modules.get(self.top_module), self.distributions)):
+        if found is not None and not shadowed(self.top_module, self.distributions):
             return found
         if lazy.load() is None:
             return found

@@ -636,6 +636,8 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
     device, message = case.device.value, model.get("message")
     changed: list[tuple[Region, str, bool, "Site | None"]] = []  # region, why, whether a draw changes, site
     chosen_of: dict[str, str] = {}  # site -> the backend its recompute runs on
+    pinned_name: dict[str, str] = {}  # site -> the backend its forward ran on (under sdpa_kernel)
+    raises_from = dict(model.get("raises_from", ()))  # forward backend -> what the recompute raises
     always: set[int] = set()  # regions whose recompute raises in either mode
     if model.get("context") == ("autocast",):
         entering = _entering_dtypes(case.program)
@@ -680,6 +682,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                 if chosen is None or pinned is None or chosen == pinned:
                     continue
                 chosen_of[site.name] = chosen
+                pinned_name[site.name] = pinned
                 changed.append((region, f"{site.name} ran on {pinned} under sdpa_kernel in forward; the recompute, "
                                         f"outside it, runs on {chosen} (this machine's choice for {dtype.value}"
                                         f"{' with dropout' if draws(site) else ' without dropout'})", draws(site),
@@ -694,6 +697,10 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
     # regions whose attention's backward (it runs before the matmul's) meets the other dtype first
     attention_first = {id(region) for region, site in raises_in} if attention_message else set()
     for region, why, drawn, site in changed:
+        # where the entry says what a recompute raises per forward backend, a backend it does not
+        # name raises nothing there (unless `message` is given for the rest)
+        site_message = (raises_from.get(pinned_name[site.name], message)
+                        if site is not None and site.name in pinned_name else message)
         if attention_message and site is not None and (region, site) in raises_in:
             effects.raised.append((Raised(RECOMPUTE, _outside_rank(region, site, order, effects), attention_message,
                                           why, site.index), index))
@@ -704,7 +711,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
             effects.raised.append((Raised(RECOMPUTE, order[id(region)], mixed_message, why), index))
             continue
         # the message is the matmul's dtype error; attention in another dtype raises nothing
-        if message and (not reentrant or id(region) in always) and not (autocast and site is not None):
+        if site_message and (not reentrant or id(region) in always) and not (autocast and site is not None):
             rank = _outside_rank(region, site, order, effects)
             inside = [order[id(inner)] for inner in _regions_inside(region) if id(inner) in recomputing]
             own = any(not isinstance(item, Region) for item in region.items)
@@ -714,7 +721,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                 # (backward reaches their tensors first); a region entered in another dtype than
                 # its matrix's raises in the recompute itself
                 rank = max([*inside, *([rank] if own else [])]) + 0.5
-            said = message
+            said = site_message
             if site is not None and policies and model.get("recomputed_message") and not _policy_caches(
                     site, chosen_of[site.name], case, machine, policies):
                 said = model.get("recomputed_message")

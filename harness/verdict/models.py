@@ -43,7 +43,11 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     the recompute runs outside the region's context: attention on the backend torch picks by
     itself on this machine (`Machine.backend`), an autocast region's matmul in the program's
     dtype.  Where that changes anything, a non-reentrant recompute raises where the entry gives a
-    ``message``; otherwise the gradients differ (and a mask where the changed site draws).  With
+    ``message``; otherwise the gradients differ (and a mask where the changed site draws).
+    ``raises_from`` (a table: forward backend -> message; ``sdpa_kernel``): what the recompute
+    raises where the forward ran on that backend; a backend it does not name raises ``message``
+    if given, else nothing (a checkpoint that hands the backward whatever the recompute saved,
+    by position: some backends' backward takes the other backend's tensors silently).  With
     a selective policy (``saved-rng-ops``) ``message`` is what a recompute op the policy caches
     raises (it is not in the cache), ``recomputed_message`` what one it recomputes raises.  Under
     ``autocast``, ``attention_message`` is what a non-reentrant backward raises where attention
@@ -137,7 +141,8 @@ BEHAVIOURS = {
     "unsaved-streams": {"streams", "passing"},
     "refuses-input": {"passing", "message", "recompute"},
     "input-invisible": {"passing", "message", "recompute_raises"},
-    "context-not-replayed": {"context", "message", "recomputed_message", "attention_message", "mixed_message"},
+    "context-not-replayed": {"context", "message", "raises_from", "recomputed_message", "attention_message",
+                             "mixed_message"},
     "saved-rng-ops": {"ops", "first", "every", "mutated_message"},
     "not-restored": {"streams"},
     "extra-draw": {"streams"},
@@ -186,8 +191,8 @@ class Model:
 
 
 def _param(value: Any) -> str:
-    if isinstance(value, tuple):
-        return "|".join(value)
+    if isinstance(value, tuple):  # a list, or a table's sorted pairs (its keys shown)
+        return "|".join(v[0] if isinstance(v, tuple) else v for v in value)
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -220,6 +225,8 @@ def parse_model(raw: Any, where: str) -> Model:
             except re.error as exc:
                 raise ModelError(f"{where} model {key} {value!r} is not a regular expression: {exc}") from None
             params[key] = value
+        elif key == "raises_from":
+            params[key] = _backend_messages(value, where)
         elif key in ("slots", "after_steps"):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelError(f"{where} model {key} must be a positive integer, not {value!r}")
@@ -241,6 +248,29 @@ def parse_model(raw: Any, where: str) -> Model:
                                     bool(params.get("every"))].count(True) != 1:
         raise ModelError(f"{where} model saved-rng-ops needs one of ops (a list), first = true or every = true")
     return Model(name, tuple(params.items()))
+
+
+ATTENTION_BACKENDS = ("math", "efficient", "flash", "cudnn")
+
+
+def _backend_messages(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """``raises_from``: a table of attention backend -> regular expression, as sorted pairs."""
+    import re
+
+    if not isinstance(value, Mapping) or not value:
+        raise ModelError(f"{where} model raises_from must be a table of backend = message "
+                         f"({', '.join(ATTENTION_BACKENDS)})")
+    for backend, message in value.items():
+        if backend not in ATTENTION_BACKENDS:
+            raise ModelError(f"{where} model raises_from {backend!r} is none of {', '.join(ATTENTION_BACKENDS)}")
+        if not isinstance(message, str):
+            raise ModelError(f"{where} model raises_from {backend} must be a string (a regular expression)")
+        try:
+            re.compile(message)
+        except re.error as exc:
+            raise ModelError(f"{where} model raises_from {backend} {message!r} is not a regular expression: "
+                             f"{exc}") from None
+    return tuple(sorted(value.items()))
 
 
 # The facts a run hands the models besides what they probe: the rank layout of a `--ranks` run,
