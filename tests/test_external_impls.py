@@ -1092,6 +1092,31 @@ def test_te_version_and_supports_reasons(te):
     assert "CUDA-only" in adapter.supports(parse_case_id("reentrant-tracked-eager-flat-none-cpu"))
 
 
+def test_te_declares_cudnn_attention_under_capture_unsound_where_it_loaded_a_second_cudnn(te, tmp_path,
+                                                                                             monkeypatch):
+    # TE 2.20.2 loads the system's libcudnn (RTLD_GLOBAL) beside torch's: cuDNN attention under
+    # capture then crashes from run to run (H100, H200); the adapter says so instead of a verdict
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 11 /usr/lib/x86_64-linux-gnu/libcudnn.so.9.10.2\n"
+        "7f01-7f02 r--p 00001000 08:01 11 /usr/lib/x86_64-linux-gnu/libcudnn.so.9.10.2\n"
+        "7f02-7f03 r-xp 00000000 08:01 12 /venv/site-packages/nvidia/cudnn/lib/libcudnn.so.9\n"
+        "7f03-7f04 r-xp 00000000 08:01 13 /venv/site-packages/nvidia/cudnn/lib/libcudnn_graph.so.9\n"
+        "7f04-7f05 rw-p 00000000 00:00 0 \n")
+    assert te_mod.loaded_cudnn_copies(str(maps)) == ["/usr/lib/x86_64-linux-gnu/libcudnn.so.9.10.2",
+                                                     "/venv/site-packages/nvidia/cudnn/lib/libcudnn.so.9"]
+    assert te_mod.loaded_cudnn_copies(str(tmp_path / "absent")) == []
+    adapter = impls.load("transformer-engine")
+    captured = parse_case_id("reentrant-untracked-single-sdpa_cudnn.f16.small.sdpa_kernel.flat-none-cuda")
+    eager = parse_case_id("nonreentrant-default-eager-sdpa_cudnn.f16.small.sdpa_kernel.flat-none-cuda")
+    flash = parse_case_id("nonreentrant-mixed-single-sdpa_flash.f16.small.sdpa_kernel.flat-none-cuda")
+    monkeypatch.setattr(te_mod, "loaded_cudnn_copies", lambda: ["/a/libcudnn.so.9", "/b/libcudnn.so.9"])
+    assert "2 cuDNN libraries (/a/libcudnn.so.9, /b/libcudnn.so.9)" in adapter.supports(captured)
+    assert adapter.supports(eager) is None and adapter.supports(flash) is None
+    monkeypatch.setattr(te_mod, "loaded_cudnn_copies", lambda: ["/b/libcudnn.so.9"])
+    assert adapter.supports(captured) is None  # one cuDNN: judged
+
+
 def test_te_passes_every_cpu_case_in_both_modes_with_its_own_tracker(te):
     adapter = _on_cpu(impls.load("transformer-engine"))
     for case in CPU_CASES:

@@ -31,8 +31,12 @@ per case (the observed fact ``capture.register_warnings``).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
+import torch
+
+from ..model import ops
 from ..model.cases import Case, Device, Layout
 from .base import Adapter
 from .packages import LazyModule, PackageAdapter, TrackerView, no_aliases_reason
@@ -66,6 +70,13 @@ class TransformerEngineAdapter(PackageAdapter):
                     f"no {case.device.value} path")
         if case.layout is Layout.SHARED:
             return no_aliases_reason("TransformerEngine's CudaRNGStatesTracker")
+        copies = loaded_cudnn_copies()
+        if len(copies) > 1 and case.capture.value != "eager" and "cudnn" in attention_backends(case):
+            return (f"this process holds {len(copies)} cuDNN libraries ({', '.join(copies)}): TransformerEngine "
+                    "loads the system's (RTLD_GLOBAL, before any Python package's) beside the one torch "
+                    "uses, and cuDNN attention under CUDA-graph capture is then not sound (illegal memory "
+                    "accesses that move from cell to cell between runs, H100 and H200, TE 2.20.2: "
+                    "findings/te-second-cudnn.md)")
         return None
 
     def make_tracker(self, device: Any) -> TrackerView:
@@ -80,6 +91,36 @@ class TransformerEngineAdapter(PackageAdapter):
             real = getattr(tracker, "real", tracker)
             kwargs["get_rng_state_tracker"] = lambda: real
         return distributed.checkpoint(fn, *args, **kwargs)
+
+
+_CUDNN_CORE = re.compile(r"/libcudnn\.so\.\d+(\.\d+)*$")
+
+
+def loaded_cudnn_copies(maps: str = "/proc/self/maps") -> list[str]:
+    """The distinct cuDNN core libraries (``libcudnn.so.N``, by the path the kernel maps) in this
+    process, read from `maps` (Linux); empty where it cannot be read."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as lines:
+            fields = [line.split(None, 5) for line in lines]  # address perms offset dev inode [path]
+    except OSError:
+        return []
+    paths = {field[5].strip() for field in fields if len(field) == 6}
+    return sorted({path for path in paths if _CUDNN_CORE.search(path)})
+
+
+def attention_backends(case: Case) -> set[str]:
+    """The attention backends the case's sites run on: an explicit backend op's own, and for an
+    ``sdpa_auto`` site what torch picks on this CUDA device (`ops.auto_backend`; unknown: cuDNN
+    and the others, the cautious answer)."""
+    out: set[str] = set()
+    for site in case.program.sites():
+        name = site.op.value
+        if name.startswith("sdpa_") and name != "sdpa_auto":
+            out.add(name.removeprefix("sdpa_"))
+        elif name == "sdpa_auto" and case.device.value == "cuda":
+            picked = ops.auto_backend(site.dtype, case.shape) if torch.cuda.is_available() else None
+            out |= {picked} if picked else {"cudnn", "flash", "efficient", "math"}
+    return out
 
 
 def make_transformer_engine() -> Adapter:
