@@ -235,6 +235,6 @@ def test_the_checkout_reads_the_shipped_files_through_the_package():
     """What `harness.data` finds is what contributors edit in cases/ (links in a checkout)."""
     for name in ("expectations.toml", "corpus.toml", "machines/h200-torch2.11.json", "machines/cpu-torch2.13.json"):
         assert shipped_data.shipped(name).read_bytes() == (ROOT / "cases" / name).read_bytes(), name
-    assert shipped_data.machine_names() == ["cpu-torch2.13", "h200-torch2.11"]
+    assert shipped_data.machine_names() == ["cpu-torch2.13", "h100-torch2.11", "h200-torch2.11"]
     assert shipped_data.machine_file("h200-torch2.11") == shipped_data.path("machines/h200-torch2.11.json")
     assert shipped_data.machine_file("../expectations") is None and shipped_data.machine_file("nope") is None
