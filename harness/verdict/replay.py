@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..model import ops
 from ..model.cases import Case
-from ..model.programs import Passing, Region, Site
+from ..model.programs import Passing, Region, Site, reading_groups
 
 if TYPE_CHECKING:
     from .effects import Effects
@@ -301,9 +301,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                     if stream not in free:
                         ck[stream] += ("rank 0",)
                         rank_zero[stream] = effects.rank_zero[1]
-            order = region.sites()
             mine = {id(item) for item in region.items if not isinstance(item, Region)}
-            last = max((n for n, site in enumerate(order) if id(site) in mine), default=-1)
             stop_at = stop_point(region, effects.nested_frames) if early else None
             inner_snaps: dict[int, Frame] = {}
             shift: dict[str, int] = {}  # stream -> the entry whose saved op shifted it in this pass
@@ -333,9 +331,10 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                             shift.setdefault(stream, saved_out[item.name])
                         else:
                             # Non-reentrant, a draw the region's own saved tensors do not depend on
-                            # (an inner region's site after the region's last own site: that inner
-                            # region recomputes its own) changes no gradient.
-                            used = reentrant or id(item) in mine or order.index(item) < last
+                            # (an inner region's site that no own site of the region reads after it:
+                            # after the region's last own site, or beside it in one reading group;
+                            # that inner region recomputes its own) changes no gradient.
+                            used = reentrant or id(item) in mine or _read_later(region, item)
                             if ck[stream] != ck_fwd[item.name]:
                                 cause = free.get(stream, shift.get(stream, rank_zero.get(
                                     stream, stored_by if stored_by >= 0 else moved_by.get(stream, -1))))
@@ -449,3 +448,16 @@ def _graph_replays(case: Case, effects: Effects, forward_increment: dict[str, tu
             fail(("live-stream",), cause)
             notes.setdefault(cause, f"the backward graph's capture leaves {stream} moved: every replay advances "
                                     "it further than the reference's")
+
+
+def _read_later(region: Region, site: Any) -> bool:
+    """Whether a site of `region` itself (one of its direct items) reads what `site` (a site of an
+    inner region, at any depth) produced: one in a later reading group than the item of `region`
+    that holds `site` (a group's items read one tensor side by side, and the next group reads their
+    sum: `workload._sequence`; the sum saves nothing)."""
+    groups = list(reading_groups(region.items))
+    for number, group in enumerate(groups):
+        if any(member is site or (isinstance(member, Region) and any(s is site for s in member.sites()))
+               for member in group):
+            return any(not isinstance(later, Region) for after in groups[number + 1:] for later in after)
+    return False
