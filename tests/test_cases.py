@@ -22,6 +22,7 @@ from harness.model.cases import (
     parse_value,
 )
 from harness.model.matrix import (
+    CONTEXT_PARALLEL,
     PINNED,
     PINNED_CUDA,
     covering,
@@ -52,7 +53,7 @@ def test_first_matrix_is_still_all_240_of_its_cases():
 def test_default_matrix_is_the_first_matrix_plus_the_covering_programs_the_pinned_cases_and_the_corpus():
     for device, first in ((Device.CPU, 60), (Device.CUDA, 180)):
         ids = [c.id for c in generate(device=device)]
-        pins = PINNED + (PINNED_CUDA if device is Device.CUDA else ())
+        pins = PINNED + CONTEXT_PARALLEL + (PINNED_CUDA if device is Device.CUDA else ())
         pinned = {f"{p}-{device.value}" for p in pins} - {c.id for c in covering(device)}
         found = {c.id for c in corpus.cases(device.value)} - {c.id for c in structure_covering(device)}
         assert len(ids) == (first + len(covering(device)) + len(structure_covering(device)) + len(save_covering(device))

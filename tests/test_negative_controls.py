@@ -53,6 +53,7 @@ EXPECTED: dict[str, Expected] = {
     # One process is rank 0 of 1, where these are `bundled` (their bugs need ranks: tests/test_ranks.py).
     "neg-rank0-snapshot": lambda case: None,
     "neg-rank-reseed": lambda case: None,
+    "neg-rank-cp-blind": lambda case: None,
     # Its bug (capture-relative host values) needs separate CUDA graphs; eagerly it is `bundled`.
     "neg-host-values": lambda case: None,
     # The controls that prove the other oracles and the reference check can fail:
@@ -110,8 +111,9 @@ CAPTURE_ONLY = ("neg-host-values", "neg-leak-stream")  # and CUDA only: a leaked
 # tests/test_programs.py shows where they are caught.
 PROGRAM_ONLY = ("neg-two-slots", "neg-id-pool", "neg-stale-third-step", "neg-remat-entry-only",
                 "neg-remat-save-no-tracker")
-# Controls whose bug needs several ranks (`--ranks 2`): tests/test_ranks.py shows where they are caught.
-RANKS_ONLY = ("neg-rank0-snapshot", "neg-rank-reseed")
+# Controls whose bug needs several ranks (`--ranks 2`; neg-rank-cp-blind `--ranks 4 --tp 2 --cp 2`):
+# tests/test_ranks.py shows where they are caught.
+RANKS_ONLY = ("neg-rank0-snapshot", "neg-rank-reseed", "neg-rank-cp-blind")
 TRACKER_BLIND = ("torch", "neg-ignore-tracker")  # save only the device default generators
 NEVER_REWOUND = ("neg-live-handles", "neg-no-rewind")  # recompute draws at a later offset
 

@@ -222,6 +222,36 @@ class RankReseedPolicy(_RankControlPolicy):
         return before
 
 
+class ContextParallelBlindPolicy(_RankControlPolicy):
+    """Bug: shares one snapshot across each context-parallel group: every rank rewinds to the
+    snapshot of the rank with its TP and DP coordinates at CP rank 0 (a checkpoint that builds its
+    snapshot group from TP and DP alone and takes the context-parallel ranks for replicas would).
+    Every stream whose seed does not follow the CP rank (the default generators, the tracked and
+    data-parallel streams) holds the same values across a CP group anyway; the context-parallel
+    and model-and-context-parallel streams do not, so on CP rank 1 the recompute draws them at CP
+    rank 0's state.  Eager only: under capture it is `bundled` (one-process values strategy)."""
+
+    def snapshot(self, tracker: Any) -> StateValues:
+        taken = super().snapshot(tracker)
+        if _group_world() == 1 or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return taken
+        values = _from_context_parallel_rank_zero([value for _, value in taken.entries])
+        return StateValues([(gen, value) for (gen, _), value in zip(taken.entries, values)])
+
+
+def _from_context_parallel_rank_zero(values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The `values` of the rank with this rank's TP and DP coordinates at CP rank 0 (a collective:
+    every rank calls it alike)."""
+    import torch.distributed as dist
+
+    from ..rank_context import current
+
+    place = current()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, [value.cpu() for value in values])
+    return everyone[place.tp_rank + place.tp * place.cp * place.dp_rank]
+
+
 def make_rank0_snapshot() -> Adapter:
     return _control("neg-rank0-snapshot", RankZeroSnapshotPolicy(),
                     "restores every rank from rank 0's snapshot (only ranks show it)")
@@ -230,6 +260,11 @@ def make_rank0_snapshot() -> Adapter:
 def make_rank_reseed() -> Adapter:
     return _control("neg-rank-reseed", RankReseedPolicy(),
                     "reseeds the per-TP-rank streams alike on every rank at the recompute (only ranks show it)")
+
+
+def make_rank_cp_blind() -> Adapter:
+    return _control("neg-rank-cp-blind", ContextParallelBlindPolicy(),
+                    "rewinds every rank to the snapshot of its CP rank 0 (only ranks with --cp 2 or more show it)")
 
 
 # --- controls that prove the other oracles and the reference check can fail ----------------------

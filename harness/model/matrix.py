@@ -4,7 +4,8 @@
 set of programs in which every value of every program factor meets every layout, capture mode and
 checkpoint mode at least once (`covering`), the structures (`STRUCTURES`, `structure_covering`),
 the drawing SAVE bodies in each placement (`SAVE_PLACEMENTS`, `save_covering`), the pinned cells
-of known findings (`PINNED`) and the fuzzer's corpus (`harness.model.corpus`).
+of known findings (`PINNED`), the cells that draw from the context-parallel streams
+(`CONTEXT_PARALLEL`) and the fuzzer's corpus (`harness.model.corpus`).
 ``full``: every valid program over every axis value (large).
 """
 
@@ -141,6 +142,19 @@ PINNED = (
 )
 
 
+# Sites on Megatron's context-parallel (``@c``) and model-and-context-parallel (``@m``) streams, in
+# both modes and both layouts that hold them (issue 57): one process draws them like any tracker
+# stream; under ``--ranks N --cp K`` (K > 1) their seeds follow the context-parallel rank
+# (`rank_context`), so a checkpoint that groups ranks without regard to context parallelism gets
+# other gradients on the ranks of CP rank 1 here, and nowhere else in the default matrix.
+CONTEXT_PARALLEL = (
+    "nonreentrant-tracked-eager-(native_dropout@c+native_dropout@m+native_dropout)-none",
+    "reentrant-tracked-eager-(native_dropout@c+native_dropout@m+native_dropout)-draws",
+    "nonreentrant-mixed-eager-(native_dropout@c+native_dropout)+(native_dropout+rand@m)-draws",
+    "reentrant-mixed-eager-(native_dropout@c+native_dropout)+(native_dropout+rand@m)-none",
+)
+
+
 # Pinned on CUDA only (capture): TransformerEngine's fix for handle aliasing (the seed PR) is tested
 # upstream with a checkpointed function that has no TE layers, given a tracker, under CUDA-graph
 # capture with dropout p = 0 as well as p > 0.  A region whose only site has p = 0 draws nothing:
@@ -272,7 +286,7 @@ def structure_covering(device: Device) -> tuple[Case, ...]:
 def _default(device: Device) -> Iterator[Case]:
     seen: set[str] = set()
     classic = _cases(device, CLASSIC_PROGRAMS)
-    pins = PINNED + (PINNED_CUDA if device is Device.CUDA else ())
+    pins = PINNED + CONTEXT_PARALLEL + (PINNED_CUDA if device is Device.CUDA else ())
     pinned = (parse_case_id(f"{case_id}-{device.value}") for case_id in pins)
     for case in itertools.chain(classic, covering(device), structure_covering(device), save_covering(device),
                                 pinned, corpus.cases(device.value)):
