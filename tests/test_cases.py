@@ -21,7 +21,15 @@ from harness.model.cases import (
     parse_case_id,
     parse_value,
 )
-from harness.model.matrix import PINNED, PINNED_CUDA, covering, generate, structure_covering
+from harness.model.matrix import (
+    CONTEXT_PARALLEL,
+    PINNED,
+    PINNED_CUDA,
+    covering,
+    generate,
+    save_covering,
+    structure_covering,
+)
 from harness.model.spec import parse_program
 
 ID_PATTERN = re.compile(r"^[a-z0-9_.-]+$")
@@ -45,10 +53,11 @@ def test_first_matrix_is_still_all_240_of_its_cases():
 def test_default_matrix_is_the_first_matrix_plus_the_covering_programs_the_pinned_cases_and_the_corpus():
     for device, first in ((Device.CPU, 60), (Device.CUDA, 180)):
         ids = [c.id for c in generate(device=device)]
-        pins = PINNED + (PINNED_CUDA if device is Device.CUDA else ())
+        pins = PINNED + CONTEXT_PARALLEL + (PINNED_CUDA if device is Device.CUDA else ())
         pinned = {f"{p}-{device.value}" for p in pins} - {c.id for c in covering(device)}
         found = {c.id for c in corpus.cases(device.value)} - {c.id for c in structure_covering(device)}
-        assert len(ids) == first + len(covering(device)) + len(structure_covering(device)) + len(pinned) + len(found)
+        assert len(ids) == (first + len(covering(device)) + len(structure_covering(device)) + len(save_covering(device))
+                            + len(pinned) + len(found))
         assert pinned <= set(ids) and found <= set(ids)
 
 

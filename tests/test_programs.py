@@ -19,6 +19,7 @@ from harness.model.programs import (
     Program,
     ProgramError,
     Region,
+    Site,
     every_program,
 )
 from harness.model.spec import parse_program
@@ -179,6 +180,126 @@ def test_every_structure_meets_every_layout_capture_and_mode_in_the_default_matr
                                                 ("mode", case.mode)})
     assert len(met) == 7, sorted(met)
     assert {kind: wanted - seen for kind, seen in met.items() if wanted - seen} == {}
+
+
+def _draws_from(case, sites) -> set[str]:
+    """The generators `sites` of `case` draw from (the shared pair's b is an alias of a)."""
+    streams = case.streams()
+    return {"a" if streams[site.name] == "b" else streams[site.name] for site in sites if ops.REGISTRY[site.op].draws}
+
+
+def save_placements(case) -> set[str]:
+    """Where a SAVE body that draws sits in `case`'s program (issue 57), read from its tree: as
+    its region's first draw with draws after it (``first``), after a draw as the region's last
+    (``after``), between draws (``between``), in a region inside another (``inner``); and
+    ``followed`` where a later draw of its region is of a stream the body drew from (the draw a
+    checkpoint that keeps the body shifts when it does not put that stream back after it)."""
+    found = set()
+    inner = {id(item) for region in case.program.all_regions() for item in region.items if isinstance(item, Region)}
+    for region in case.program.all_regions():
+        order = region.sites()
+        for number in {item.save for item in region.items if isinstance(item, Site) and item.save is not None}:
+            body = [n for n, site in enumerate(order) if site.save == number]
+            if not _draws_from(case, [order[n] for n in body]):
+                continue
+            before = _draws_from(case, order[:body[0]])
+            after = _draws_from(case, order[body[-1] + 1:])
+            found.add("between" if before and after else "after" if before else "first" if after else "alone")
+            if id(region) in inner:
+                found.add("inner")
+            if after & _draws_from(case, [order[n] for n in body]):
+                found.add("followed")
+    return found - {"alone"}
+
+
+@pytest.mark.parametrize("device", list(Device), ids=lambda d: d.value)
+def test_every_save_placement_meets_every_layout_capture_and_mode_and_nonreentrant_alone_too(device):
+    # A checkpoint that keeps SAVE bodies (torch_remat, non-reentrant only) must meet a drawing
+    # body at a region's start, after a draw, between draws and in an inner region, followed by a
+    # draw of its stream, in every layout and capture mode, in its own mode alone (issue 57).
+    captures = [c for c in Capture if device is Device.CUDA or c is Capture.EAGER]
+    wanted = {(axis, value) for axis, values in (("layout", Layout), ("capture", captures)) for value in values}
+    met: dict[str, set] = {}
+    alone: dict[str, set] = {}
+    for case in generate(device=device):
+        for placement in save_placements(case):
+            cell = {("layout", case.layout), ("capture", case.capture), ("mode", case.mode)}
+            met.setdefault(placement, set()).update(cell)
+            if case.mode is Mode.NONREENTRANT:
+                alone.setdefault(placement, set()).update(cell)
+    assert sorted(met) == ["after", "between", "first", "followed", "inner"]
+    every_mode = wanted | {("mode", mode) for mode in Mode}
+    assert {placement: every_mode - seen for placement, seen in met.items() if every_mode - seen} == {}
+    assert {placement: wanted - seen for placement, seen in alone.items() if wanted - seen} == {}
+
+
+def test_save_placements_are_read_from_the_tree():
+    def placed(case_id):
+        return save_placements(parse_case_id(case_id))
+    assert placed("nonreentrant-default-eager-(save(sdpa_math)+native_dropout)-none-cpu") == {"first", "followed"}
+    assert placed("nonreentrant-mixed-eager-(save(rand)+native_dropout)-none-cpu") == {"first"}  # s1 draws t
+    assert placed("nonreentrant-default-eager-(native_dropout+save(rand))-none-cpu") == {"after"}
+    assert placed("nonreentrant-shared-eager-(native_dropout+save(rand)+native_dropout)-none-cpu") == \
+        {"between", "followed"}
+    assert placed("nonreentrant-default-eager-(native_dropout+(save(rand)+native_dropout))-none-cpu") == \
+        {"first", "inner", "followed"}
+    assert placed("nonreentrant-default-eager-(save(nodraw)+native_dropout)-none-cpu") == set()
+    assert placed("nonreentrant-default-eager-(save(rand))+(native_dropout)-none-cpu") == set()
+
+
+def _save_cells(impl) -> list:
+    """The default CPU matrix's cases with a drawing SAVE body that `impl` runs."""
+    return [case for case in generate(device="cpu") if impl.supports(case) is None
+            and any(site.save is not None and ops.REGISTRY[site.op].draws for site in case.program.sites())]
+
+
+def test_a_hook_that_does_not_put_the_streams_back_after_a_save_body_fails_in_the_default_matrix():
+    # The controls of issue 57: torch_remat with a hook that restores every stream at region
+    # entry, and after a SAVE body nothing (entry-only) or only the default generators
+    # (save-no-tracker).  Each fails exactly where a later draw of its region is of a stream the
+    # body drew from and the hook left behind; the second passes every cell the default matrix had
+    # before the SAVE placements (`matrix.save_covering`): only they can catch it.
+    pytest.importorskip("torch_remat")
+    from harness.model.matrix import save_covering
+    from harness.verdict import expectations
+
+    entries = expectations.load()
+    new = {case.id for case in save_covering(Device.CPU)}
+    for name, left_behind in (("neg-remat-entry-only", {"d", "t", "c", "m", "a"}),
+                              ("neg-remat-save-no-tracker", {"t", "c", "m", "a"})):
+        impl = impls.load(name)
+        seen, wrong = {}, []
+        for case in _save_cells(impl):
+            result = runner.run(case, impl)
+            seen[case.id] = result.outcome
+            want = Outcome.MISMATCH if _followed_on(case, left_behind) else Outcome.PASS
+            fired = {m.oracle for m in result.mismatches}
+            if result.outcome is not want or (want is Outcome.MISMATCH and not {"recompute-mask", "gradient"} <= fired):
+                wrong.append(f"{case.id}: {result.outcome.value} {sorted(fired)}, expected {want.value}")
+            claimed = expectations.find(entries, name, case)
+            if (claimed is not None) != (want is Outcome.MISMATCH):  # its model claims exactly these
+                wrong.append(f"{case.id}: claimed by {claimed and claimed.label}")
+        assert wrong == [], name
+        failed = {cid for cid, outcome in seen.items() if outcome is Outcome.MISMATCH}
+        assert failed & new, name
+        if name == "neg-remat-save-no-tracker":
+            assert failed <= new, failed - new  # the matrix before issue 57 could not catch it
+            assert {parse_case_id(cid).layout for cid in failed} == {Layout.TRACKED, Layout.MIXED, Layout.SHARED}
+
+
+def _followed_on(case, streams: set[str]) -> bool:
+    """Whether in some region a SAVE body draws from one of `streams` (codes, b as a) and a later
+    draw of its region is of that stream."""
+    for region in case.program.all_regions():
+        order = region.sites()
+        for n, site in enumerate(order):
+            if site.save is None or not ops.REGISTRY[site.op].draws:
+                continue
+            drawn = _draws_from(case, [site]) & streams
+            later = [s for s in order[n + 1:] if s.save != site.save]
+            if drawn & _draws_from(case, later):
+                return True
+    return False
 
 
 def test_the_covering_set_is_the_same_on_every_run():

@@ -188,6 +188,52 @@ def test_four_ranks_in_tp2_by_cp2_catch_the_controls_on_every_stream_seeded_per_
         assert "context-parallel-rng" in crossed["s0"] and "model-and-context-parallel-rng" in crossed["s1"]
 
 
+def _context_parallel_cells(device: str = "cpu") -> list:
+    """The default matrix's cases with a site on the context-parallel or model-and-context stream."""
+    from harness.model.matrix import generate
+
+    return [case for case in generate(device=device) if {"c", "m"} & set(case.streams().values())]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_default_matrix_draws_the_context_parallel_streams_in_both_modes_and_layouts(device):
+    # Issue 57: under --cp 2 a checkpoint that groups ranks without regard to CP must change a
+    # gradient somewhere in the default matrix, so both streams seeded per CP rank are drawn there.
+    cells = _context_parallel_cells(device)
+    drawn = {(case.mode.value, case.layout.value, code) for case in cells for code in case.streams().values()}
+    assert {(mode, layout, code) for mode in ("reentrant", "nonreentrant") for layout in ("tracked", "mixed")
+            for code in "cm"} <= drawn
+
+
+def test_the_fuzzer_draws_sites_on_the_context_parallel_streams():
+    from hypothesis import HealthCheck, find, settings
+
+    from harness.fronts.fuzz import case_strategy
+    from harness.model.cases import Device
+
+    quick = settings(database=None, max_examples=2000, suppress_health_check=list(HealthCheck))
+    for code in "cm":
+        found = find(case_strategy(Device.CPU), lambda case, code=code: code in case.streams().values(),
+                     settings=quick)
+        assert found.layout.value in ("tracked", "mixed"), found.id
+
+
+def test_four_ranks_in_tp2_by_cp2_catch_a_checkpoint_blind_to_context_parallelism_in_the_default_matrix():
+    # neg-rank-cp-blind shares one snapshot across each CP group: right on every stream but the two
+    # seeded per CP rank, so it passes every cell without them (the tracked one below) and fails
+    # every default-matrix cell with them, on the ranks of CP rank 1 (2 and 3) only.
+    cells = _context_parallel_cells()
+    tracked = parse_case_id(TRACKED)
+    results = dict(run_ranked("neg-rank-cp-blind", [*cells, tracked], 4, 120.0, tp=2, cp=2))
+    assert results[len(cells)].outcome.value == "pass", results[len(cells)].summary()
+    for index, case in enumerate(cells):
+        result = results[index]
+        assert result.outcome.value == "mismatch", (case.id, result.summary())
+        assert {"recompute-mask", "gradient", "rank-streams"} <= {m.oracle for m in result.mismatches}, case.id
+        assert [p["rank"] for p in result.per_rank if p["outcome"] != "pass"] == [2, 3], (case.id, result.per_rank)
+    assert runner.run(cells[0], impls.load("neg-rank-cp-blind")).outcome.value == "pass"  # one process: bundled
+
+
 def test_a_rank_group_keeps_one_launch_between_cases_and_replaces_a_dead_one(faulty_on_path):
     from harness.run.ranks import RankGroup
 

@@ -41,6 +41,9 @@ BUILTIN: dict[str, str] = {
     "neg-stale-third-step": "harness.impls.negative:make_stale_third_step",
     "neg-rank0-snapshot": "harness.impls.negative:make_rank0_snapshot",
     "neg-rank-reseed": "harness.impls.negative:make_rank_reseed",
+    "neg-rank-cp-blind": "harness.impls.negative:make_rank_cp_blind",
+    "neg-remat-entry-only": "harness.impls.negative:make_remat_entry_only",
+    "neg-remat-save-no-tracker": "harness.impls.negative:make_remat_save_no_tracker",
     # External implementations: they load whether or not the package is installed, and declare
     # every case unsupported (with the import error) when it does not import.
     "megatron": "harness.impls.megatron:make_megatron",

@@ -12,11 +12,12 @@ from typing import Any, Iterator
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ..checkpoint import RNGStatesTracker, StateValues, rng
+from ..checkpoint import RecomputeRNGHook, RNGStatesTracker, StateValues, rng
 from ..checkpoint.generators import device_default_generators
 from ..checkpoint.rng import RNGPolicy, ValuePolicy, live_generators, resolve_capture_strategy
 from .base import Adapter
 from .bundled import BundledAdapter
+from .remat import HookAdapter
 
 
 def _handle(gen: torch.Generator) -> Any:
@@ -221,6 +222,36 @@ class RankReseedPolicy(_RankControlPolicy):
         return before
 
 
+class ContextParallelBlindPolicy(_RankControlPolicy):
+    """Bug: shares one snapshot across each context-parallel group: every rank rewinds to the
+    snapshot of the rank with its TP and DP coordinates at CP rank 0 (a checkpoint that builds its
+    snapshot group from TP and DP alone and takes the context-parallel ranks for replicas would).
+    Every stream whose seed does not follow the CP rank (the default generators, the tracked and
+    data-parallel streams) holds the same values across a CP group anyway; the context-parallel
+    and model-and-context-parallel streams do not, so on CP rank 1 the recompute draws them at CP
+    rank 0's state.  Eager only: under capture it is `bundled` (one-process values strategy)."""
+
+    def snapshot(self, tracker: Any) -> StateValues:
+        taken = super().snapshot(tracker)
+        if _group_world() == 1 or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return taken
+        values = _from_context_parallel_rank_zero([value for _, value in taken.entries])
+        return StateValues([(gen, value) for (gen, _), value in zip(taken.entries, values)])
+
+
+def _from_context_parallel_rank_zero(values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The `values` of the rank with this rank's TP and DP coordinates at CP rank 0 (a collective:
+    every rank calls it alike)."""
+    import torch.distributed as dist
+
+    from ..rank_context import current
+
+    place = current()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, [value.cpu() for value in values])
+    return everyone[place.tp_rank + place.tp * place.cp * place.dp_rank]
+
+
 def make_rank0_snapshot() -> Adapter:
     return _control("neg-rank0-snapshot", RankZeroSnapshotPolicy(),
                     "restores every rank from rank 0's snapshot (only ranks show it)")
@@ -229,6 +260,11 @@ def make_rank0_snapshot() -> Adapter:
 def make_rank_reseed() -> Adapter:
     return _control("neg-rank-reseed", RankReseedPolicy(),
                     "reseeds the per-TP-rank streams alike on every rank at the recompute (only ranks show it)")
+
+
+def make_rank_cp_blind() -> Adapter:
+    return _control("neg-rank-cp-blind", ContextParallelBlindPolicy(),
+                    "rewinds every rank to the snapshot of its CP rank 0 (only ranks with --cp 2 or more show it)")
 
 
 # --- controls that prove the other oracles and the reference check can fail ----------------------
@@ -573,3 +609,65 @@ def make_id_pool() -> Adapter:
 def make_stale_third_step() -> Adapter:
     return _variant(StaleThirdStepAdapter, "neg-stale-third-step",
                     "refreshes its per-step snapshot slots in the first two steps only")
+
+
+# --- controls over torch_remat: hooks that do not realign after a SAVE body (issue 57) -------------
+
+
+class SaveBlindRNGHook(RecomputeRNGHook):
+    """Bug: a `RecomputeRNGHook` that puts every stream back at region entry (and where torch_remat
+    reinstates the outer state after the recompute), but after a SAVE region's body only what
+    `after_save` covers (None: nothing), as a hook written for region entry alone would.
+
+    torch_remat calls `snapshot` at region entry and at each SAVE body's exit in forward, and once
+    more when the recompute starts (the outer state); the recompute restores the entry snapshot,
+    each SAVE exit snapshot where it skips that body, and the outer one last.  This hook numbers
+    its snapshots: the ones between the first and the latest are the SAVE exits.  The body's draws
+    are kept, not made again, so a stream it drew from that is not put back stays behind, and every
+    later draw of that stream in the recompute shifts."""
+
+    def __init__(self, tracker: Any = None, after_save: "RecomputeRNGHook | None" = None) -> None:
+        super().__init__(tracker)
+        self.after_save = after_save
+        self.taken = 0
+
+    def snapshot(self) -> Any:
+        """(its number, value copies of every live generator, `after_save`'s own snapshot)."""
+        number, self.taken = self.taken, self.taken + 1
+        return number, super().snapshot(), self.after_save.snapshot() if self.after_save else None
+
+    def restore(self, state: Any) -> None:
+        """Writes every stream back, or at a SAVE body's exit only what `after_save` covers."""
+        number, values, part = state
+        if number == 0 or number == self.taken - 1:
+            super().restore(values)
+        elif self.after_save is not None:
+            self.after_save.restore(part)
+
+
+class RematSaveBlindAdapter(HookAdapter):
+    """`remat-hook` with a `SaveBlindRNGHook`: right wherever no SAVE body draws from a stream it
+    leaves behind before a later draw of that stream in its region."""
+
+    name = "neg-remat-entry-only"
+    must_support_all = False
+    description = "torch_remat.checkpoint with a hook that restores at region entry, not after a SAVE region's body"
+    defaults_after_save = False  # True: the default generators are put back after a SAVE body
+
+    def hooks(self, args: tuple, kwargs: dict, tracker: Any) -> tuple:
+        return (SaveBlindRNGHook(tracker, RecomputeRNGHook(None) if self.defaults_after_save else None),)
+
+
+class RematSaveNoTrackerAdapter(RematSaveBlindAdapter):
+    name = "neg-remat-save-no-tracker"
+    description = ("torch_remat.checkpoint with a hook that restores every stream at region entry, and after a "
+                   "SAVE region's body only the default generators (no tracker stream)")
+    defaults_after_save = True
+
+
+def make_remat_entry_only() -> Adapter:
+    return RematSaveBlindAdapter()
+
+
+def make_remat_save_no_tracker() -> Adapter:
+    return RematSaveNoTrackerAdapter()

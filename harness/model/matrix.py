@@ -3,7 +3,9 @@
 ``default``: the first matrix's three programs over every axis value, plus a generated covering
 set of programs in which every value of every program factor meets every layout, capture mode and
 checkpoint mode at least once (`covering`), the structures (`STRUCTURES`, `structure_covering`),
-the pinned cells of known findings (`PINNED`) and the fuzzer's corpus (`harness.model.corpus`).
+the drawing SAVE bodies in each placement (`SAVE_PLACEMENTS`, `save_covering`), the pinned cells
+of known findings (`PINNED`), the cells that draw from the context-parallel streams
+(`CONTEXT_PARALLEL`) and the fuzzer's corpus (`harness.model.corpus`).
 ``full``: every valid program over every axis value (large).
 """
 
@@ -140,6 +142,19 @@ PINNED = (
 )
 
 
+# Sites on Megatron's context-parallel (``@c``) and model-and-context-parallel (``@m``) streams, in
+# both modes and both layouts that hold them (issue 57): one process draws them like any tracker
+# stream; under ``--ranks N --cp K`` (K > 1) their seeds follow the context-parallel rank
+# (`rank_context`), so a checkpoint that groups ranks without regard to context parallelism gets
+# other gradients on the ranks of CP rank 1 here, and nowhere else in the default matrix.
+CONTEXT_PARALLEL = (
+    "nonreentrant-tracked-eager-(native_dropout@c+native_dropout@m+native_dropout)-none",
+    "reentrant-tracked-eager-(native_dropout@c+native_dropout@m+native_dropout)-draws",
+    "nonreentrant-mixed-eager-(native_dropout@c+native_dropout)+(native_dropout+rand@m)-draws",
+    "reentrant-mixed-eager-(native_dropout@c+native_dropout)+(native_dropout+rand@m)-none",
+)
+
+
 # Pinned on CUDA only (capture): TransformerEngine's fix for handle aliasing (the seed PR) is tested
 # upstream with a checkpointed function that has no TE layers, given a tracker, under CUDA-graph
 # capture with dropout p = 0 as well as p > 0.  A region whose only site has p = 0 draws nothing:
@@ -194,6 +209,49 @@ STRUCTURES = (
     "(native_dropout+save(rand)+native_dropout)",
     "(save(nodraw)+native_dropout)",
 )
+# Drawing SAVE bodies in each place a checkpoint that keeps them meets them (issue 57): a body
+# that keeps its draws (torch_remat's ``region(..., recompute=False)``) must be followed, in the
+# recompute, by the streams put back where the forward left them after it, or every later draw of
+# its stream shifts.  Each program has a later site of the body's stream in every layout (mixed and
+# shared alternate streams by site index: the site two after the body's).  `save_covering` runs
+# each in every layout and capture mode in non-reentrant mode alone (torch_remat has no reentrant
+# form) and once reentrant.
+SAVE_PLACEMENTS = {
+    # the region's first draw: torch_remat's usual layout, a SAVE region around attention
+    "first": "(save(sdpa_math)+native_dropout+native_dropout)",
+    # after a draw, ending the region's draws
+    "after": "(native_dropout+save(rand))",
+    # between draws, a body of two sites (one per stream of the mixed and shared layouts)
+    "between": "(native_dropout+save(rand+native_dropout)+native_dropout)",
+    # inside an inner region (torch_remat declares nested regions unsupported; for the others
+    # the mark is an annotation, and the program a nested one)
+    "inner": "(native_dropout+(save(rand)+native_dropout+native_dropout))",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def save_covering(device: Device) -> tuple[Case, ...]:
+    """Cases of every `SAVE_PLACEMENTS` program: in non-reentrant mode one per layout, the capture
+    modes the device has taken in turn (so the non-reentrant cases alone meet every layout and
+    capture mode), and one reentrant case; the interleave alternates."""
+    captures = [c for c in Capture if device is Device.CUDA or c is Capture.EAGER]
+    layouts = list(Layout)
+    rows: list[Case] = []
+    for n, spec in enumerate(SAVE_PLACEMENTS.values()):
+        program = parse_program(spec)
+        cells = [(Mode.NONREENTRANT, layout, captures[(n + k) % len(captures)])
+                 for k, layout in enumerate(layouts)]
+        cells.append((Mode.REENTRANT, layouts[(n + 1) % len(layouts)], captures[n % len(captures)]))
+        for mode, layout, capture in cells:
+            case = Case(mode, layout, capture, program, Interleave.DRAWS if len(rows) % 2 else Interleave.NONE,
+                        device)
+            reason = invalid_reason(case)
+            if reason:
+                raise AssertionError(f"SAVE placement {spec} in {case.id} is invalid: {reason}")
+            rows.append(case)
+    return tuple(rows)
+
+
 # Values only `STRUCTURES` bring in: the covering of the named programs leaves them out, so that
 # adding a structure never reshuffles the cells the expectations file names by id.
 STRUCTURE_ONLY = (Op.SDPA_AUTO, Passing.TWICE)
@@ -228,10 +286,10 @@ def structure_covering(device: Device) -> tuple[Case, ...]:
 def _default(device: Device) -> Iterator[Case]:
     seen: set[str] = set()
     classic = _cases(device, CLASSIC_PROGRAMS)
-    pins = PINNED + (PINNED_CUDA if device is Device.CUDA else ())
+    pins = PINNED + CONTEXT_PARALLEL + (PINNED_CUDA if device is Device.CUDA else ())
     pinned = (parse_case_id(f"{case_id}-{device.value}") for case_id in pins)
-    for case in itertools.chain(classic, covering(device), structure_covering(device), pinned,
-                                corpus.cases(device.value)):
+    for case in itertools.chain(classic, covering(device), structure_covering(device), save_covering(device),
+                                pinned, corpus.cases(device.value)):
         if case.id not in seen:
             seen.add(case.id)
             yield case

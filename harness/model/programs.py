@@ -32,7 +32,7 @@ import enum
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Iterable, Iterator, Union
 
 from ..axes import Dtype, Nesting, Op, Passing, Shape
 from ..errors import UsageError
@@ -80,9 +80,12 @@ DEFAULT_STREAM = "d"
 PER_RANK_AXES = {"t": ("tp",), "c": ("cp",), "m": ("tp", "cp")}
 
 
-def per_rank_codes(sizes: "dict[str, int]") -> frozenset[str]:
-    """The stream codes whose seeds differ between some ranks of a layout of these axis `sizes`."""
-    return frozenset(code for code, axes in PER_RANK_AXES.items() if any(sizes[axis] > 1 for axis in axes))
+def per_rank_codes(sizes: "dict[str, int]", along: "Iterable[str] | None" = None) -> frozenset[str]:
+    """The stream codes whose seeds differ between some ranks of a layout of these axis `sizes`
+    (only along the axes `along`, where given: ranks that differ on those axes alone)."""
+    wanted = set(along) if along is not None else {"tp", "cp"}
+    return frozenset(code for code, axes in PER_RANK_AXES.items()
+                     if any(sizes[axis] > 1 for axis in axes if axis in wanted))
 TRACKER_STREAMS = frozenset(STREAMS) - {DEFAULT_STREAM}  # the streams a tracker holds
 
 

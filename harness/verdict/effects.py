@@ -288,7 +288,7 @@ def effects_of(models: Sequence[Model], case: Case, machine: Machine) -> Effects
                 for oracle in oracles:
                     effects.fails(oracle, index, why if oracle == "gradient" else "")
         elif name == "rank-zero-rewind":
-            effects.rank_zero = effects.rank_zero or (machine.per_rank_streams(), index)
+            effects.rank_zero = effects.rank_zero or (machine.per_rank_streams(model.get("axes")), index)
         elif name == "emptied-argument" and not reentrant:
             for reader, owner in _emptied_readers(program):
                 if id(reader) not in recomputing:

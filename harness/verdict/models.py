@@ -104,7 +104,10 @@ case, whether the bug can show and how.  The library (`BEHAVIOURS`; streams are 
     streams, `rank_context`) to rank 0's state at that position (one snapshot for all ranks, or a
     reseed from the seed every rank shares): its rerun draws from such a stream are rank 0's
     numbers, so recompute-mask, the gradients they feed and rank-streams fail; every stream ends
-    where it should (the checkpoint puts back its own live state).
+    where it should (the checkpoint puts back its own live state).  ``axes`` (``tp``, ``cp``):
+    only along these axes of the layout, to the state of the rank at 0 on them with this rank's
+    other coordinates (a snapshot shared across each context-parallel group: ``axes = "cp"``, the
+    context-parallel and model-and-context-parallel streams, and only where CP > 1).
 ``emptied-argument``
     non-reentrant: the checkpoint empties the tensor argument of each region after its forward
     (DeepSpeed's ``partition_activations`` keeps only its slice, ``arg.data = torch.empty([])``)
@@ -132,11 +135,12 @@ from .. import rank_context
 from ..errors import UsageError
 from ..model import ops
 from ..model.cases import Case
-from ..model.programs import Op, Passing, Site, per_rank_codes
+from ..model.programs import PER_RANK_AXES, Op, Passing, Site, per_rank_codes
 from .effects import STREAM_KINDS, effects_of
 from .replay import replay
 
 CONTEXTS = ("sdpa_kernel", "autocast")
+RANK_AXES = tuple(sorted({axis for axes in PER_RANK_AXES.values() for axis in axes}))  # `rank-zero-rewind`'s axes
 BEHAVIOURS = {
     "unsaved-streams": {"streams", "passing"},
     "refuses-input": {"passing", "message", "recompute"},
@@ -158,7 +162,7 @@ BEHAVIOURS = {
     "input-keyed-snapshots": set(),
     "grouped-input-gradient": {"passing", "nested"},
     "fresh-recompute": {"observed"},
-    "rank-zero-rewind": set(),
+    "rank-zero-rewind": {"axes"},
     "emptied-argument": {"message", "scalar_message"},
 }
 REQUIRED = {"unsaved-streams": {"streams"}, "refuses-input": {"passing", "message"},
@@ -238,7 +242,8 @@ def parse_model(raw: Any, where: str) -> Model:
         else:
             known = {"streams": STREAM_KINDS, "restored": STREAM_KINDS, "passing": [p.value for p in Passing],
                      "context": CONTEXTS,
-                     "ops": [o.value for o in Op], "undone_by": [p.value for p in Passing]}[key]
+                     "ops": [o.value for o in Op], "undone_by": [p.value for p in Passing],
+                     "axes": RANK_AXES}[key]
             items = value if isinstance(value, list) else [value]
             bad = [v for v in items if v not in known]
             if not items or bad:
@@ -314,16 +319,17 @@ class Machine:
             self.asked[BACKWARD_RNG] = value
         return value
 
-    def per_rank_streams(self) -> frozenset[str]:
+    def per_rank_streams(self, axes: "Sequence[str] | None" = None) -> frozenset[str]:
         """The stream codes (`programs.PER_RANK_AXES`) whose seeds differ between some ranks of
-        the run's layout (``ranks.layout``, `RankContext.label`, known from the run; asked here:
+        the run's layout along `axes` (None: any axis) (``ranks.layout``, `RankContext.label`,
+        known from the run; asked here:
         this process's)."""
         if RANKS_LAYOUT in self.known:
             value = self.known[RANKS_LAYOUT]
         else:
             value = rank_context.current().label() if self.probe else None
         self.asked[RANKS_LAYOUT] = value
-        return per_rank_codes(rank_context.sizes(value) if value else {"tp": 2, "cp": 1})  # unknown: TP = all
+        return per_rank_codes(rank_context.sizes(value) if value else {"tp": 2, "cp": 1}, axes)  # unknown: TP = all
 
 
 LOCAL = Machine()

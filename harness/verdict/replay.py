@@ -305,6 +305,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
             stop_at = stop_point(region, effects.nested_frames) if early else None
             inner_snaps: dict[int, Frame] = {}
             shift: dict[str, int] = {}  # stream -> the entry whose saved op shifted it in this pass
+            shifted_by: dict[str, str] = {}  # stream -> what shifted it (for the note)
 
             def rerun(items: Sequence[Any]) -> bool:
                 for item in items:
@@ -319,16 +320,16 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                         leave(inner_snaps, item)
                         continue
                     if effects.save_skip and item.save is not None:
-                        # a SAVE region's body is not rerun: no draw; its hooks put back what
-                        # they snapshotted at its exit in forward
-                        for stream in effects.save_skip[0] & set(keys):
-                            ck[stream] = save_exit[item.name][stream]
+                        _skip_save_body(item, effects.save_skip, keys, key, ck, save_exit[item.name], shift,
+                                        shifted_by)
                         continue
                     rerun_sites.add(item.name)
                     if draws(item):
                         stream = key[item.name]
                         if item.name in saved_out:
                             shift.setdefault(stream, saved_out[item.name])
+                            shifted_by.setdefault(stream, "an earlier draw of its stream was saved by the policy, "
+                                                          "not rerun")
                         else:
                             # Non-reentrant, a draw the region's own saved tensors do not depend on
                             # (an inner region's site that no own site of the region reads after it:
@@ -342,8 +343,7 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
                                 if stream in rank_zero and token[item.name].split(".")[0] in ops.RECORDS_THE_DRAW:
                                     fail(("rank-streams",), cause)  # rank 0's numbers where they must differ
                                 how = ("from where the stream is live: the checkpoint does not save it"
-                                       if stream in free else "shifted: an earlier draw of its stream was "
-                                       "saved by the policy, not rerun" if stream in shift else
+                                       if stream in free else f"shifted: {shifted_by[stream]}" if stream in shift else
                                        "from rank 0's state of its stream, which is seeded per rank"
                                        if stream in rank_zero else "at another position")
                                 notes.setdefault(cause, f"{region.name}'s recompute redraws {item.name}@"
@@ -392,6 +392,22 @@ def replay(case: Case, effects: Effects, reached: "set[int] | None" = None) -> d
     for index, note in notes.items():
         effects.why.setdefault(index, []).append(note)
     return causes
+
+
+def _skip_save_body(site: Site, save_skip: tuple[frozenset[str], int], keys: set[str], key: dict[str, str],
+                    ck: State, at_exit: State, shift: dict[str, int], shifted_by: dict[str, str]) -> None:
+    """A site of a SAVE region's body in a recompute (`skips-save-regions`): not rerun, so it draws
+    nothing; the impl's hooks put back the streams they restore (``restored``) where the forward
+    left them at the body's exit.  A stream the body drew from that they do not put back stays
+    behind, and every later draw of it in this recompute shifts: the entry is the cause."""
+    restored, index = save_skip
+    for stream in restored & keys:
+        ck[stream] = at_exit[stream]
+    stream = key[site.name]
+    if draws(site) and stream not in restored:
+        shift.setdefault(stream, index)
+        shifted_by.setdefault(stream, f"the SAVE region's body {site.name} kept its draw, not rerun, and no hook "
+                                      "put the stream back after it")
 
 
 def _graph_replays(case: Case, effects: Effects, forward_increment: dict[str, tuple],
