@@ -716,31 +716,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],
                   env: dict[str, Any], entries: list[Any], problems: list[str]) -> int:
     """Print what a fuzz run found (and write its report with --report-dir); its exit status."""
-    from . import fuzz
-
     stopped = found.stopped
-    if isinstance(stopped, stops.WriteFailed):
-        print(f"\nerror: {stopped.message}; stopped after {found.tried} programs", file=sys.stderr, flush=True)
-    elif stopped is not None:
-        print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
-    elsewhere = None
-    if args.report_dir and records:
-        interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
-        written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), env, unmatched=problems,
-                                                         interrupted=interrupted)
-        # the report holds one record per case: a program the search drew twice is one case there
-        twice = f" ({len(records)} cases: a program drawn more than once is one case)" \
-            if len(records) != found.tried else ""
-        print(f"report:  {written}{twice}")
-        if elsewhere:
-            print(f"error: {elsewhere}", file=sys.stderr)
-    counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
-    rate = found.tried / found.seconds if found.seconds else 0.0
-    summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
+    _print_stopped(found)
+    elsewhere = _fuzz_report(args, found, records, env, problems)
+    summary = _fuzz_counts(found)
     known = f"; known failures by entry: {found.known_kinds()}" if found.known else ""
-    if found.stale:  # an entry that claims a case which passed over-claims: say which
-        shown = "\n  ".join(found.stale[:5]) + (f"\n  ... {len(found.stale) - 5} more" if len(found.stale) > 5 else "")
-        print(f"stale: {len(found.stale)} cases an entry expects to fail passed:\n  {shown}")
+    _print_stale(found)
+    _print_drawn(found, target.name)
     if not found.findings:
         noisy = f"; {found.noisy} failures not repeated bit for bit by a second run (nondeterministic " \
                 "attention backward), not counted" if found.noisy else ""
@@ -753,23 +735,8 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         like = _print_finding(finding, found, entries, number, len(found.findings), target.name)
         if like is not None:
             alike.append(like)
-        if finding.run.record.verdict is not Verdict.FAIL:
-            continue  # a known bug (an entry claims it): nothing new to keep
-        if args.save and not finding.shrunk:
-            print("corpus:  not saved (stopped before it was shrunk: run the fuzzer again, its database replays it)")
-            continue
-        if not args.save:
-            print("corpus:  not saved (--save adds it to cases/corpus.toml, which the default matrix replays)")
-            continue
-        from ..model import corpus
-
-        path = Path(args.corpus) if args.corpus else _default_corpus()
-        try:
-            added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
-        except OSError as exc:
-            raise reporting.ReportWriteError(f"cannot write --corpus {path}: {exc.strerror or exc}") from None
-        print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
-              "a known bug of an impl needs an entry in the expectations file too)")
+        if finding.run.record.verdict is Verdict.FAIL:  # a known bug (an entry claims it): nothing new to keep
+            _keep_finding(args, finding, target.name)
     repeats = f", {found.repeats} more like them" if found.repeats else ""
     if found.noisy:
         repeats += f", {found.noisy} not repeated bit for bit by a second run (nondeterministic attention backward)"
@@ -780,6 +747,86 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"
           f"{'s' if len(found.findings) > 1 else ''}{like}){repeats} in {summary}{known}")
     return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 1
+
+
+def _print_stopped(found: Any) -> None:
+    """The line saying why a fuzz run stopped early (stderr), if it did."""
+    stopped = found.stopped
+    if isinstance(stopped, stops.WriteFailed):
+        print(f"\nerror: {stopped.message}; stopped after {found.tried} programs", file=sys.stderr, flush=True)
+    elif stopped is not None:
+        print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
+
+
+def _fuzz_report(args: argparse.Namespace, found: Any, records: list[CaseRecord], env: dict[str, Any],
+                 problems: list[str]) -> str | None:
+    """With --report-dir, write the fuzz run's report and say where; the error of a report written
+    elsewhere (the folder could not be written), else None."""
+    if not (args.report_dir and records):
+        return None
+    stopped = found.stopped
+    interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
+    written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), env, unmatched=problems,
+                                                     interrupted=interrupted)
+    # the report holds one record per case: a program the search drew twice is one case there
+    twice = f" ({len(records)} cases: a program drawn more than once is one case)" \
+        if len(records) != found.tried else ""
+    print(f"report:  {written}{twice}")
+    if elsewhere:
+        print(f"error: {elsewhere}", file=sys.stderr)
+    return elsewhere
+
+
+def _fuzz_counts(found: Any) -> str:
+    """'200 programs, 187 judged (93 %; 41.0 s, 4.6 judged/s): 150 pass, 37 xfail, 13 skip': the
+    programs run, the share of them judged (neither unsupported nor skipped, no failure
+    discounted; rounded down), the time and the judged programs per second, and the verdicts."""
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
+    rate = found.judged / found.seconds if found.seconds else 0.0
+    percent = f"{found.judged_percent} %; " if found.tried else ""
+    return (f"{found.tried} programs, {found.judged} judged ({percent}{found.seconds:.1f} s, {rate:.1f} judged/s): "
+            f"{counts or 'none ran'}")
+
+
+def _print_stale(found: Any) -> None:
+    """The cases an entry expects to fail that passed (an entry that over-claims), if any."""
+    if found.stale:
+        shown = "\n  ".join(found.stale[:5]) + (f"\n  ... {len(found.stale) - 5} more" if len(found.stale) > 5 else "")
+        print(f"stale: {len(found.stale)} cases an entry expects to fail passed:\n  {shown}")
+
+
+def _print_drawn(found: Any, impl: str) -> None:
+    """What the draws kept to: the impl's declared limits, and the programs drawn that it declined
+    (by reason, most first), never run and never counted as judged."""
+    from ..impls import limits
+
+    if found.limits:
+        print(f"drawn:   within {impl}'s declared limits ({limits.describe(found.limits)})")
+    if found.declined:
+        total = sum(found.declined.values())
+        reasons = "; ".join(f"{reason} x{n}" for reason, n in
+                            sorted(found.declined.items(), key=lambda kv: (-kv[1], kv[0])))
+        print(f"drawn:   {total} more program{'s' if total != 1 else ''} {impl} declines, not run: {reasons}")
+
+
+def _keep_finding(args: argparse.Namespace, finding: Any, impl: str) -> None:
+    """Add a new failure to the corpus with --save (say why not otherwise)."""
+    from ..model import corpus
+    from . import fuzz
+
+    if args.save and not finding.shrunk:
+        print("corpus:  not saved (stopped before it was shrunk: run the fuzzer again, its database replays it)")
+        return
+    if not args.save:
+        print("corpus:  not saved (--save adds it to cases/corpus.toml, which the default matrix replays)")
+        return
+    path = Path(args.corpus) if args.corpus else _default_corpus()
+    try:
+        added = corpus.append(finding.run.result.case, impl, fuzz.outcome_text(finding.run.record), path)
+    except OSError as exc:
+        raise reporting.ReportWriteError(f"cannot write --corpus {path}: {exc.strerror or exc}") from None
+    print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
+          "a known bug of an impl needs an entry in the expectations file too)")
 
 
 def _default_corpus() -> Path:
@@ -845,8 +892,8 @@ def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, to
 
 
 class FuzzProgress:
-    """Programs run so far and their rate: one rewritten line on a terminal (stderr), else a line
-    every 30 s."""
+    """Programs run so far, those judged and the judged programs per second: one rewritten line on
+    a terminal (stderr), else a line every 30 s."""
 
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
@@ -862,7 +909,8 @@ class FuzzProgress:
         self.last = now
         elapsed = now - self.started
         counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
-        line = f"[{elapsed:6.1f} s] {found.tried} programs ({found.tried / elapsed:.1f}/s): {counts}"
+        rate = found.judged / elapsed
+        line = f"[{elapsed:6.1f} s] {found.tried} programs, {found.judged} judged ({rate:.1f} judged/s): {counts}"
         if found.shrink_steps:
             line += f"; shrinking ({found.shrink_steps} runs)"
         if self.tty:
