@@ -21,7 +21,7 @@ from harness.impls import limits
 from harness.impls.bundled import BundledAdapter
 from harness.model.cases import Case, Device, Interleave, Mode, Shape, parse_case_id
 from harness.model.matrix import generate
-from harness.results import NOT_REPEATED, SKIPPED_OUTCOMES
+from harness.results import NOT_REPEATED, SKIPPED_OUTCOMES, CaseRecord
 from harness.run.execution import Target, declined
 from harness.verdict import expectations
 
@@ -176,16 +176,30 @@ def test_an_undeclared_refusal_of_an_impl_that_must_support_everything_is_run_re
     assert found.judged == found.tried - len(refused) and not found.declined
 
 
-class _NoCpu(BundledAdapter):
-    name = "no-cpu"
+def test_an_impl_that_declares_nothing_runnable_on_the_device_is_refused_before_any_program(capsys):
+    from faulty_adapters import make_no_cpu
 
-    def declared_limits(self):
-        return (limits.limit(limits.Axis.DEVICE, [Device.CPU], "CUDA-only"),)
-
-
-def test_an_impl_that_declares_nothing_runnable_on_the_device_is_refused_before_any_program():
     with pytest.raises(UsageError, match="no-cpu declares no cpu program it can run here: CUDA-only"):
-        _fuzz(Target("no-cpu", _NoCpu()), 5)
+        _fuzz(Target("no-cpu", make_no_cpu()), 5)
+    assert main(["fuzz", "--impl", "faulty_adapters:make_no_cpu", "--device", "cpu", "--examples", "5",
+                 "--no-database"]) == 2
+    out, err = capsys.readouterr()
+    assert err == "error: faulty_adapters:make_no_cpu declares no cpu program it can run here: CUDA-only\n"
+    assert out == ""  # refused before a worker started
+
+
+def test_a_run_stopped_outside_a_program_counts_its_records_as_programs_and_judged():
+    def record(case_id: str, outcome: str, **extra):
+        return CaseRecord.from_json({"impl": "x", "case_id": case_id, "outcome": outcome, **extra})
+
+    flat = "nonreentrant-default-eager-flat-none-cpu"
+    records = [record(flat, "pass"), record(flat.replace("flat", "nested"), "unsupported"),
+               record(flat.replace("flat", "wide"), "mismatch", verdict_note=NOT_REPEATED),
+               record(flat.replace("flat", "deep"), "error", error="OutOfMemoryError: CUDA out of memory."),
+               record(flat.replace("flat", "siblings"), "mismatch")]
+    stop = KeyboardInterrupt()
+    found = fuzz.FuzzResult.of_records(records, stop)
+    assert (found.tried, found.judged, found.judged_percent, found.stopped) == (5, 2, 40, stop)
 
 
 @pytest.mark.skipif("remat" not in AVAILABLE, reason="torch_remat does not import here")

@@ -633,28 +633,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     [device] = resolve_devices(args.device)[:1]
     # the entries' problems only where a report shows them (computing them costs seconds before the first program)
     entries, problems = _load_expectations(args, problems=bool(args.report_dir))
-    if args.examples is not None and args.examples < 1:
-        raise UsageError(f"--examples must be at least 1, got {args.examples}")
-    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
-        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
-    budget = 60.0 if args.examples is None and args.budget is None else args.budget
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.jobs > 1 and not args.isolate:
-        raise UsageError("--jobs runs isolated workers: leave out --no-isolate")
-    if args.jobs > 1 and args.examples is not None and args.examples < args.jobs:
-        raise UsageError(f"--examples {args.examples} cannot be shared among --jobs {args.jobs} searches")
-    _check_ranks(args)
-    if args.ranks > 1 and args.jobs > 1:
-        raise UsageError("--ranks runs one search on one group of ranks: leave out --jobs")
-    if args.ranks > 1 and not args.isolate:
-        raise UsageError("--ranks runs every program in rank processes: leave out --no-isolate")
-    if args.corpus and args.save:
-        reporting.check_output_file(args.corpus, "--corpus")
-    elif args.save:
-        _default_corpus()  # an installed harness refuses before the search, not after it
-    if args.report_dir:
-        reporting.check_report_dir(args.report_dir, replace=args.replace_report)
+    budget = _check_fuzz_args(args)
+    captures = _fuzz_captures(args, target, device)
     seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
     isolate = args.isolate  # on by default, as in every front (README, "Isolation")
@@ -662,19 +642,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     where = f", on {args.ranks} ranks ({group.layout.label()})" if group is not None else ""
     print(f"fuzz {target.name} on {device}: {amount}, seed {seed_value}{', isolated' if isolate else ''}{where}"
           f"{', new failures only' if args.new_only else ''}", flush=True)
-    captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
-    if captures:
-        check_selection([], [device], captures)
-    # One worker keeps the devices this process sees; several are spread over the GPUs.
-    slots = [None] if args.jobs == 1 else gpus.pinned(device, args.jobs)
-    pool = CasePool(slots, isolation.DEFAULT_TIMEOUT_S) if isolate and group is None else None  # all start at once
-    workers: list[Any] = pool.workers if pool is not None else [group]  # a rank group runs as one worker
-    if group is not None:
-        group.start()
-    if args.jobs > 1:
-        print(f"{args.jobs} searches side by side, one isolated worker each"
-              f"{' on GPUs ' + ','.join(str(g) for g in slots) if slots[0] is not None else ''}"
-              " (not deterministic for a seed: --jobs 1 repeats a run)", flush=True)
+    pool, workers = _fuzz_workers(args, device, group)
     progress = FuzzProgress()
     env = environment()
     # each program's record as judged
@@ -699,18 +667,89 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             else:
                 found = fuzz.fuzz(target, Device(device), entries, worker=workers[0], **options)
     except KeyboardInterrupt as stop:  # outside a case (setting up, or between Hypothesis batches)
-        found = fuzz.FuzzResult(tried=len(records), stopped=stop)  # what ran is on disk and in `records`
+        found = fuzz.FuzzResult.of_records(list(records.values()), stop)  # what ran is on disk and in `records`
     finally:
         with stops.shielded():
-            if live is not None:
-                live.close()
-            if pool is not None:
-                pool.close()
-            if group is not None:  # a stopped search does not wait for the ranks to finish their program
-                group.close(kill=found is None or found.stopped is not None)
+            _close_fuzz(live, pool, group, found)
     progress.done()
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
         return _fuzz_summary(args, target, found, list(records.values()), env, entries, problems)
+
+
+def _check_fuzz_args(args: argparse.Namespace) -> float | None:
+    """Refuse bad fuzz options (`UsageError`, one line) before anything starts; the budget in
+    seconds (60 where neither --examples nor --budget is given; None with --examples)."""
+    if args.examples is not None and args.examples < 1:
+        raise UsageError(f"--examples must be at least 1, got {args.examples}")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and not args.isolate:
+        raise UsageError("--jobs runs isolated workers: leave out --no-isolate")
+    if args.jobs > 1 and args.examples is not None and args.examples < args.jobs:
+        raise UsageError(f"--examples {args.examples} cannot be shared among --jobs {args.jobs} searches")
+    _check_ranks(args)
+    if args.ranks > 1 and args.jobs > 1:
+        raise UsageError("--ranks runs one search on one group of ranks: leave out --jobs")
+    if args.ranks > 1 and not args.isolate:
+        raise UsageError("--ranks runs every program in rank processes: leave out --no-isolate")
+    _check_fuzz_outputs(args)
+    return 60.0 if args.examples is None and args.budget is None else args.budget
+
+
+def _check_fuzz_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before the search, a --corpus or --report-dir a fuzz run could not write (and --save
+    where the harness is installed without --corpus)."""
+    if args.corpus and args.save:
+        reporting.check_output_file(args.corpus, "--corpus")
+    elif args.save:
+        _default_corpus()  # an installed harness refuses before the search, not after it
+    if args.report_dir:
+        reporting.check_report_dir(args.report_dir, replace=args.replace_report)
+
+
+def _fuzz_captures(args: argparse.Namespace, target: Any, device: str) -> list[Any] | None:
+    """The capture modes of --capture (None: every one the device has), refused where the device
+    cannot capture; and a `UsageError` where the impl's declared limits leave nothing to draw on
+    this device with them (`fuzz.undrawable`)."""
+    from ..impls import limits
+    from . import fuzz
+
+    captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
+    if captures:
+        check_selection([], [device], captures)
+    nothing = fuzz.undrawable(limits.of(target.adapter), Device(device), captures)
+    if nothing:
+        raise UsageError(f"{target.name} declares no {device} program it can run here: {nothing}")
+    return captures
+
+
+def _fuzz_workers(args: argparse.Namespace, device: str, group: Any) -> tuple[Any, list[Any]]:
+    """The isolated case workers (a `CasePool`, None without isolation or with ranks) and the
+    workers the searches run in: the pool's, or the rank group (started here), or None (in this
+    process).  One worker keeps the devices this process sees; several are spread over the GPUs."""
+    slots = [None] if args.jobs == 1 else gpus.pinned(device, args.jobs)
+    pool = CasePool(slots, isolation.DEFAULT_TIMEOUT_S) if args.isolate and group is None else None  # all start at once
+    workers: list[Any] = pool.workers if pool is not None else [group]  # a rank group runs as one worker
+    if group is not None:
+        group.start()
+    if args.jobs > 1:
+        print(f"{args.jobs} searches side by side, one isolated worker each"
+              f"{' on GPUs ' + ','.join(str(g) for g in slots) if slots[0] is not None else ''}"
+              " (not deterministic for a seed: --jobs 1 repeats a run)", flush=True)
+    return pool, workers
+
+
+def _close_fuzz(live: Any, pool: Any, group: Any, found: Any) -> None:
+    """Close what a fuzz run opened: its live results file, its workers, its rank group (killed
+    where the search was stopped: it does not wait for the ranks to finish their program)."""
+    if live is not None:
+        live.close()
+    if pool is not None:
+        pool.close()
+    if group is not None:
+        group.close(kill=found is None or found.stopped is not None)
 
 
 def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],

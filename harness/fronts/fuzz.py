@@ -244,6 +244,15 @@ class FuzzResult:
     declined: dict[str, int] = field(default_factory=dict)
     limits: tuple[Limit, ...] = ()  # the impl's declared limits the draws kept to
 
+    @classmethod
+    def of_records(cls, records: Sequence[CaseRecord], stopped: BaseException | None = None) -> "FuzzResult":
+        """What a stopped run leaves where its result was lost (stopped outside a program): its
+        records, one per case, as programs run and judged (neither unsupported nor skipped, not
+        noise, not the device out of memory), with the stop."""
+        judged = sum(1 for r in records if r.outcome.value not in SKIPPED_OUTCOMES and r.verdict_note != NOT_REPEATED
+                     and not out_of_device_memory(r.error or ""))
+        return cls(tried=len(records), judged=judged, stopped=stopped)
+
     @property
     def judged_percent(self) -> int:
         """The share of the programs run that were judged, in percent, rounded down (100 only when
