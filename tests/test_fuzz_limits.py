@@ -188,6 +188,20 @@ def test_an_impl_that_declares_nothing_runnable_on_the_device_is_refused_before_
     assert out == ""  # refused before a worker started
 
 
+class _DeclinesEverything(BundledAdapter):
+    name = "declines-everything"
+    must_support_all = False
+
+    def supports(self, case):
+        return "not a single one"
+
+
+def test_an_impl_that_declines_every_program_drawn_is_one_line_not_a_run_of_unsupported_programs():
+    with pytest.raises(UsageError, match=r"declines-everything declined every cpu program drawn \(most often: "
+                                         r"not a single one\)"):
+        _fuzz(Target("declines-everything", _DeclinesEverything()), 3)
+
+
 def test_a_run_stopped_outside_a_program_counts_its_records_as_programs_and_judged():
     def record(case_id: str, outcome: str, **extra):
         return CaseRecord.from_json({"impl": "x", "case_id": case_id, "outcome": outcome, **extra})

@@ -398,6 +398,8 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
          halt: threading.Event | None = None, seen: set[tuple[str, ...]] | None = None) -> FuzzResult:
     """Run random cases of `target` on `device` until `examples` cases were generated or `budget`
     seconds passed (one of them), and shrink the first failure to the smallest failing case.
+    Only cases the impl can run are drawn (module docstring); an impl whose declared limits leave
+    nothing to draw on `device`, or that declines every program drawn, is a `UsageError`.
 
     With `keep_going` the run goes on after a failure until the examples or the budget are spent,
     and shrinks each failure with a new `signature` (a failure like one found counts as a
@@ -432,6 +434,7 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         if reason:
             result.declined[reason] = result.declined.get(reason, 0) + 1
         return reason
+
     state: dict[str, Any] = {"failed": False, "seen": set() if seen is None else seen, "since": 0.0}
 
     def over_budget() -> bool:
