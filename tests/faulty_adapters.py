@@ -284,3 +284,19 @@ def make_rank_one_dies():
 
 def make_rank_one_hangs():
     return RankOneFails("hang", "nested")
+
+
+class NoCpu(BundledAdapter):
+    """bundled, declaring the CPU a limit (as a CUDA-only impl does): nothing to fuzz on a CPU."""
+
+    name = "no-cpu"
+
+    def declared_limits(self):
+        from harness.impls.limits import Axis, limit
+        from harness.model.cases import Device
+
+        return (limit(Axis.DEVICE, [Device.CPU], "CUDA-only"),)
+
+
+def make_no_cpu():
+    return NoCpu()

@@ -65,7 +65,8 @@ def test_a_short_fuzz_of_bundled_finds_nothing(capsys):
                    "--no-database", "--no-save"])
     out = capsys.readouterr().out
     assert status == 0, out
-    assert "no failure in 300 programs" in out
+    assert "no failure in 300 programs, 300 judged (100 %; " in out  # bundled declares no limit on the CPU
+    assert "drawn:" not in out
 
 
 def test_new_only_skips_what_the_expectations_describe():
@@ -246,11 +247,13 @@ def test_merged_results_add_up_and_keep_one_finding_per_kind():
     [finding] = done.findings
     late = fuzz.Finding(finding.run, 9, finding.found_seconds + 1.0, 2, 0.5)
     first = fuzz.FuzzResult(tried=5, generated=4, verdicts={"pass": 3, "fail": 2}, findings=[finding],
-                            known={"entry 1": 2}, stale=["a (e)"])
+                            known={"entry 1": 2}, stale=["a (e)"], judged=5, declined={"no": 2})
     second = fuzz.FuzzResult(tried=7, generated=7, verdicts={"fail": 1, "xfail": 6}, findings=[late],
-                             known={"entry 1": 1, "entry 2": 5}, repeats=1, noisy=1)
+                             known={"entry 1": 1, "entry 2": 5}, repeats=1, noisy=1, judged=6,
+                             declined={"no": 1, "never": 4})
     total = fuzz.merged([second, first], 3.0)
     assert (total.tried, total.generated, total.seconds) == (12, 11, 3.0)
+    assert total.judged == 11 and total.judged_percent == 91 and total.declined == {"no": 3, "never": 4}
     assert total.verdicts == {"pass": 3, "fail": 3, "xfail": 6}
     assert total.known == {"entry 1": 3, "entry 2": 5} and total.stale == ["a (e)"]
     assert total.findings == [finding] and total.repeats == 2 and total.noisy == 1  # the later one is a repeat

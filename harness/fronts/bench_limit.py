@@ -123,8 +123,9 @@ def fuzz_figures(target: Target, device: str, entries: Sequence[Any], programs: 
                  ) -> dict[str, Any]:
     """The fuzzer over `programs` generated programs (new failures only, going on after one, no
     example database, a fixed seed), twice: timed, then under the profiler for the GPU's time
-    (the same programs: the seed fixes them).  Programs per second, wall and GPU milliseconds
-    per program run (shrinking steps included)."""
+    (the same programs: the seed fixes them).  Programs per second, those judged (neither
+    unsupported nor skipped: `fuzz.FuzzResult.judged`) and judged per second, wall and GPU
+    milliseconds per program run (shrinking steps included)."""
     from .fuzz import fuzz
 
     def one() -> Any:
@@ -135,7 +136,8 @@ def fuzz_figures(target: Target, device: str, entries: Sequence[Any], programs: 
     timed = one()
     wall = time.perf_counter() - start
     gpu = device_ms(one) if device == "cuda" else None
-    return {"programs": timed.tried, "generated": timed.generated, "seconds": round(wall, 2),
+    return {"programs": timed.tried, "generated": timed.generated, "judged": timed.judged, "seconds": round(wall, 2),
             "programs_per_s": round(timed.tried / wall, 1) if wall else None,
+            "judged_per_s": round(timed.judged / wall, 1) if wall else None,
             "wall_ms_per_program": round(wall * 1e3 / max(timed.tried, 1), 2),
             "kernel_ms_per_program": None if gpu is None else round(gpu / max(timed.tried, 1), 3)}

@@ -633,28 +633,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     [device] = resolve_devices(args.device)[:1]
     # the entries' problems only where a report shows them (computing them costs seconds before the first program)
     entries, problems = _load_expectations(args, problems=bool(args.report_dir))
-    if args.examples is not None and args.examples < 1:
-        raise UsageError(f"--examples must be at least 1, got {args.examples}")
-    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
-        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
-    budget = 60.0 if args.examples is None and args.budget is None else args.budget
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.jobs > 1 and not args.isolate:
-        raise UsageError("--jobs runs isolated workers: leave out --no-isolate")
-    if args.jobs > 1 and args.examples is not None and args.examples < args.jobs:
-        raise UsageError(f"--examples {args.examples} cannot be shared among --jobs {args.jobs} searches")
-    _check_ranks(args)
-    if args.ranks > 1 and args.jobs > 1:
-        raise UsageError("--ranks runs one search on one group of ranks: leave out --jobs")
-    if args.ranks > 1 and not args.isolate:
-        raise UsageError("--ranks runs every program in rank processes: leave out --no-isolate")
-    if args.corpus and args.save:
-        reporting.check_output_file(args.corpus, "--corpus")
-    elif args.save:
-        _default_corpus()  # an installed harness refuses before the search, not after it
-    if args.report_dir:
-        reporting.check_report_dir(args.report_dir, replace=args.replace_report)
+    budget = _check_fuzz_args(args)
+    captures = _fuzz_captures(args, target, device)
     seed_value = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     amount = f"{args.examples} programs" if args.examples is not None else f"{budget:g} s"
     isolate = args.isolate  # on by default, as in every front (README, "Isolation")
@@ -662,19 +642,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     where = f", on {args.ranks} ranks ({group.layout.label()})" if group is not None else ""
     print(f"fuzz {target.name} on {device}: {amount}, seed {seed_value}{', isolated' if isolate else ''}{where}"
           f"{', new failures only' if args.new_only else ''}", flush=True)
-    captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
-    if captures:
-        check_selection([], [device], captures)
-    # One worker keeps the devices this process sees; several are spread over the GPUs.
-    slots = [None] if args.jobs == 1 else gpus.pinned(device, args.jobs)
-    pool = CasePool(slots, isolation.DEFAULT_TIMEOUT_S) if isolate and group is None else None  # all start at once
-    workers: list[Any] = pool.workers if pool is not None else [group]  # a rank group runs as one worker
-    if group is not None:
-        group.start()
-    if args.jobs > 1:
-        print(f"{args.jobs} searches side by side, one isolated worker each"
-              f"{' on GPUs ' + ','.join(str(g) for g in slots) if slots[0] is not None else ''}"
-              " (not deterministic for a seed: --jobs 1 repeats a run)", flush=True)
+    pool, workers = _fuzz_workers(args, device, group)
     progress = FuzzProgress()
     env = environment()
     # each program's record as judged
@@ -699,48 +667,101 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             else:
                 found = fuzz.fuzz(target, Device(device), entries, worker=workers[0], **options)
     except KeyboardInterrupt as stop:  # outside a case (setting up, or between Hypothesis batches)
-        found = fuzz.FuzzResult(tried=len(records), stopped=stop)  # what ran is on disk and in `records`
+        found = fuzz.FuzzResult.of_records(list(records.values()), stop)  # what ran is on disk and in `records`
     finally:
         with stops.shielded():
-            if live is not None:
-                live.close()
-            if pool is not None:
-                pool.close()
-            if group is not None:  # a stopped search does not wait for the ranks to finish their program
-                group.close(kill=found is None or found.stopped is not None)
+            _close_fuzz(live, pool, group, found)
     progress.done()
     with stops.shielded():  # a second Ctrl-C or SIGTERM must not cost what was found
         return _fuzz_summary(args, target, found, list(records.values()), env, entries, problems)
 
 
+def _check_fuzz_args(args: argparse.Namespace) -> float | None:
+    """Refuse bad fuzz options (`UsageError`, one line) before anything starts; the budget in
+    seconds (60 where neither --examples nor --budget is given; None with --examples)."""
+    if args.examples is not None and args.examples < 1:
+        raise UsageError(f"--examples must be at least 1, got {args.examples}")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise UsageError(f"--budget must be a positive number of seconds, got {args.budget:g}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and not args.isolate:
+        raise UsageError("--jobs runs isolated workers: leave out --no-isolate")
+    if args.jobs > 1 and args.examples is not None and args.examples < args.jobs:
+        raise UsageError(f"--examples {args.examples} cannot be shared among --jobs {args.jobs} searches")
+    _check_ranks(args)
+    if args.ranks > 1 and args.jobs > 1:
+        raise UsageError("--ranks runs one search on one group of ranks: leave out --jobs")
+    if args.ranks > 1 and not args.isolate:
+        raise UsageError("--ranks runs every program in rank processes: leave out --no-isolate")
+    _check_fuzz_outputs(args)
+    return 60.0 if args.examples is None and args.budget is None else args.budget
+
+
+def _check_fuzz_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before the search, a --corpus or --report-dir a fuzz run could not write (and --save
+    where the harness is installed without --corpus)."""
+    if args.corpus and args.save:
+        reporting.check_output_file(args.corpus, "--corpus")
+    elif args.save:
+        _default_corpus()  # an installed harness refuses before the search, not after it
+    if args.report_dir:
+        reporting.check_report_dir(args.report_dir, replace=args.replace_report)
+
+
+def _fuzz_captures(args: argparse.Namespace, target: Any, device: str) -> list[Any] | None:
+    """The capture modes of --capture (None: every one the device has), refused where the device
+    cannot capture; and a `UsageError` where the impl's declared limits leave nothing to draw on
+    this device with them (`fuzz.undrawable`)."""
+    from ..impls import limits
+    from . import fuzz
+
+    captures = [parse_value("capture", v) for v in args.capture.split(",") if v.strip()] if args.capture else None
+    if captures:
+        check_selection([], [device], captures)
+    nothing = fuzz.undrawable(limits.of(target.adapter), Device(device), captures)
+    if nothing:
+        raise UsageError(f"{target.name} declares no {device} program it can run here: {nothing}")
+    return captures
+
+
+def _fuzz_workers(args: argparse.Namespace, device: str, group: Any) -> tuple[Any, list[Any]]:
+    """The isolated case workers (a `CasePool`, None without isolation or with ranks) and the
+    workers the searches run in: the pool's, or the rank group (started here), or None (in this
+    process).  One worker keeps the devices this process sees; several are spread over the GPUs."""
+    slots = [None] if args.jobs == 1 else gpus.pinned(device, args.jobs)
+    pool = CasePool(slots, isolation.DEFAULT_TIMEOUT_S) if args.isolate and group is None else None  # all start at once
+    workers: list[Any] = pool.workers if pool is not None else [group]  # a rank group runs as one worker
+    if group is not None:
+        group.start()
+    if args.jobs > 1:
+        print(f"{args.jobs} searches side by side, one isolated worker each"
+              f"{' on GPUs ' + ','.join(str(g) for g in slots) if slots[0] is not None else ''}"
+              " (not deterministic for a seed: --jobs 1 repeats a run)", flush=True)
+    return pool, workers
+
+
+def _close_fuzz(live: Any, pool: Any, group: Any, found: Any) -> None:
+    """Close what a fuzz run opened: its live results file, its workers, its rank group (killed
+    where the search was stopped: it does not wait for the ranks to finish their program)."""
+    if live is not None:
+        live.close()
+    if pool is not None:
+        pool.close()
+    if group is not None:
+        group.close(kill=found is None or found.stopped is not None)
+
+
 def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: list[CaseRecord],
                   env: dict[str, Any], entries: list[Any], problems: list[str]) -> int:
     """Print what a fuzz run found (and write its report with --report-dir); its exit status."""
-    from . import fuzz
-
     stopped = found.stopped
-    if isinstance(stopped, stops.WriteFailed):
-        print(f"\nerror: {stopped.message}; stopped after {found.tried} programs", file=sys.stderr, flush=True)
-    elif stopped is not None:
-        print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
-    elsewhere = None
-    if args.report_dir and records:
-        interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
-        written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), env, unmatched=problems,
-                                                         interrupted=interrupted)
-        # the report holds one record per case: a program the search drew twice is one case there
-        twice = f" ({len(records)} cases: a program drawn more than once is one case)" \
-            if len(records) != found.tried else ""
-        print(f"report:  {written}{twice}")
-        if elsewhere:
-            print(f"error: {elsewhere}", file=sys.stderr)
-    counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
-    rate = found.tried / found.seconds if found.seconds else 0.0
-    summary = f"{found.tried} programs ({found.seconds:.1f} s, {rate:.1f}/s): {counts or 'none ran'}"
+    _print_stopped(found)
+    elsewhere = _fuzz_report(args, found, records, env, problems)
+    summary = _fuzz_counts(found)
     known = f"; known failures by entry: {found.known_kinds()}" if found.known else ""
-    if found.stale:  # an entry that claims a case which passed over-claims: say which
-        shown = "\n  ".join(found.stale[:5]) + (f"\n  ... {len(found.stale) - 5} more" if len(found.stale) > 5 else "")
-        print(f"stale: {len(found.stale)} cases an entry expects to fail passed:\n  {shown}")
+    _print_stale(found)
+    _print_drawn(found, target.name)
     if not found.findings:
         noisy = f"; {found.noisy} failures not repeated bit for bit by a second run (nondeterministic " \
                 "attention backward), not counted" if found.noisy else ""
@@ -753,23 +774,8 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
         like = _print_finding(finding, found, entries, number, len(found.findings), target.name)
         if like is not None:
             alike.append(like)
-        if finding.run.record.verdict is not Verdict.FAIL:
-            continue  # a known bug (an entry claims it): nothing new to keep
-        if args.save and not finding.shrunk:
-            print("corpus:  not saved (stopped before it was shrunk: run the fuzzer again, its database replays it)")
-            continue
-        if not args.save:
-            print("corpus:  not saved (--save adds it to cases/corpus.toml, which the default matrix replays)")
-            continue
-        from ..model import corpus
-
-        path = Path(args.corpus) if args.corpus else _default_corpus()
-        try:
-            added = corpus.append(finding.run.result.case, target.name, fuzz.outcome_text(finding.run.record), path)
-        except OSError as exc:
-            raise reporting.ReportWriteError(f"cannot write --corpus {path}: {exc.strerror or exc}") from None
-        print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
-              "a known bug of an impl needs an entry in the expectations file too)")
+        if finding.run.record.verdict is Verdict.FAIL:  # a known bug (an entry claims it): nothing new to keep
+            _keep_finding(args, finding, target.name)
     repeats = f", {found.repeats} more like them" if found.repeats else ""
     if found.noisy:
         repeats += f", {found.noisy} not repeated bit for bit by a second run (nondeterministic attention backward)"
@@ -780,6 +786,86 @@ def _fuzz_summary(args: argparse.Namespace, target: Any, found: Any, records: li
     print(f"\n{len(found.findings)} failure{'s' if len(found.findings) > 1 else ''} ({len(found.findings)} {kinds}"
           f"{'s' if len(found.findings) > 1 else ''}{like}){repeats} in {summary}{known}")
     return stops.WRITE_FAILED if elsewhere else stops.status(stopped) if stopped else 1
+
+
+def _print_stopped(found: Any) -> None:
+    """The line saying why a fuzz run stopped early (stderr), if it did."""
+    stopped = found.stopped
+    if isinstance(stopped, stops.WriteFailed):
+        print(f"\nerror: {stopped.message}; stopped after {found.tried} programs", file=sys.stderr, flush=True)
+    elif stopped is not None:
+        print(f"\n{stops.describe(stopped)} after {found.tried} programs", file=sys.stderr, flush=True)
+
+
+def _fuzz_report(args: argparse.Namespace, found: Any, records: list[CaseRecord], env: dict[str, Any],
+                 problems: list[str]) -> str | None:
+    """With --report-dir, write the fuzz run's report and say where; the error of a report written
+    elsewhere (the folder could not be written), else None."""
+    if not (args.report_dir and records):
+        return None
+    stopped = found.stopped
+    interrupted = f"{stops.describe(stopped)} after {found.tried} programs" if stopped else None
+    written, elsewhere = reporting.write_or_fallback(records, Path(args.report_dir), env, unmatched=problems,
+                                                     interrupted=interrupted)
+    # the report holds one record per case: a program the search drew twice is one case there
+    twice = f" ({len(records)} cases: a program drawn more than once is one case)" \
+        if len(records) != found.tried else ""
+    print(f"report:  {written}{twice}")
+    if elsewhere:
+        print(f"error: {elsewhere}", file=sys.stderr)
+    return elsewhere
+
+
+def _fuzz_counts(found: Any) -> str:
+    """'200 programs, 187 judged (93 %; 41.0 s, 4.6 judged/s): 150 pass, 37 xfail, 13 skip': the
+    programs run, the share of them judged (neither unsupported nor skipped, no failure
+    discounted; rounded down), the time and the judged programs per second, and the verdicts."""
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
+    rate = found.judged / found.seconds if found.seconds else 0.0
+    percent = f"{found.judged_percent} %; " if found.tried else ""
+    return (f"{found.tried} programs, {found.judged} judged ({percent}{found.seconds:.1f} s, {rate:.1f} judged/s): "
+            f"{counts or 'none ran'}")
+
+
+def _print_stale(found: Any) -> None:
+    """The cases an entry expects to fail that passed (an entry that over-claims), if any."""
+    if found.stale:
+        shown = "\n  ".join(found.stale[:5]) + (f"\n  ... {len(found.stale) - 5} more" if len(found.stale) > 5 else "")
+        print(f"stale: {len(found.stale)} cases an entry expects to fail passed:\n  {shown}")
+
+
+def _print_drawn(found: Any, impl: str) -> None:
+    """What the draws kept to: the impl's declared limits, and the programs drawn that it declined
+    (by reason, most first), never run and never counted as judged."""
+    from ..impls import limits
+
+    if found.limits:
+        print(f"drawn:   within {impl}'s declared limits ({limits.describe(found.limits)})")
+    if found.declined:
+        total = sum(found.declined.values())
+        reasons = "; ".join(f"{reason} x{n}" for reason, n in
+                            sorted(found.declined.items(), key=lambda kv: (-kv[1], kv[0])))
+        print(f"drawn:   {total} more program{'s' if total != 1 else ''} {impl} declines, not run: {reasons}")
+
+
+def _keep_finding(args: argparse.Namespace, finding: Any, impl: str) -> None:
+    """Add a new failure to the corpus with --save (say why not otherwise)."""
+    from ..model import corpus
+    from . import fuzz
+
+    if args.save and not finding.shrunk:
+        print("corpus:  not saved (stopped before it was shrunk: run the fuzzer again, its database replays it)")
+        return
+    if not args.save:
+        print("corpus:  not saved (--save adds it to cases/corpus.toml, which the default matrix replays)")
+        return
+    path = Path(args.corpus) if args.corpus else _default_corpus()
+    try:
+        added = corpus.append(finding.run.result.case, impl, fuzz.outcome_text(finding.run.record), path)
+    except OSError as exc:
+        raise reporting.ReportWriteError(f"cannot write --corpus {path}: {exc.strerror or exc}") from None
+    print(f"corpus:  {'added to' if added else 'already in'} {path} (the default matrix replays it; "
+          "a known bug of an impl needs an entry in the expectations file too)")
 
 
 def _default_corpus() -> Path:
@@ -845,8 +931,8 @@ def _print_finding(finding: Any, found: Any, entries: list[Any], number: int, to
 
 
 class FuzzProgress:
-    """Programs run so far and their rate: one rewritten line on a terminal (stderr), else a line
-    every 30 s."""
+    """Programs run so far, those judged and the judged programs per second: one rewritten line on
+    a terminal (stderr), else a line every 30 s."""
 
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
@@ -862,7 +948,8 @@ class FuzzProgress:
         self.last = now
         elapsed = now - self.started
         counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(found.verdicts.items()))
-        line = f"[{elapsed:6.1f} s] {found.tried} programs ({found.tried / elapsed:.1f}/s): {counts}"
+        rate = found.judged / elapsed
+        line = f"[{elapsed:6.1f} s] {found.tried} programs, {found.judged} judged ({rate:.1f} judged/s): {counts}"
         if found.shrink_steps:
             line += f"; shrinking ({found.shrink_steps} runs)"
         if self.tty:

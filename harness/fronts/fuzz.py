@@ -9,6 +9,14 @@ choice (one region, one native_dropout site, float32, 64x64, positional, the def
 no interleave, two iterations), so the failing case Hypothesis ends with is the smallest it could
 find.
 
+Only what the impl can run is drawn (issue 57, item 5): the values its declared limits
+(`harness.impls.limits`: no reentrant form, no nested regions, no capture, ...) leave, and a case
+its `supports` declines otherwise (`execution.declined`) is rejected before anything runs and
+counted by reason (`FuzzResult.declined`).  A declined answer that is a failure (an impl that must
+support every case, refusing one it has not declared a limit) is run and reported.  A program
+run is *judged* unless it was unsupported or skipped or its failure was discounted
+(`FuzzResult.judged`).
+
 `fuzz` runs cases until `examples` were run or `budget` seconds passed.  A case fails when its
 verdict against the expectations file is a failure; with ``new_only``, a failure the expectations
 already describe (an xfail) does not count, so the search goes on for new ones.  Hypothesis's
@@ -26,8 +34,11 @@ from typing import Any, Callable, Sequence
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.errors import Flaky
+from hypothesis.errors import Flaky, Unsatisfiable
 
+from ..errors import UsageError
+from ..impls import limits as impl_limits
+from ..impls.limits import Axis, Limit, allowed, declared
 from ..model import ops
 from ..model.cases import (
     LAYOUT_STREAMS,
@@ -41,9 +52,9 @@ from ..model.cases import (
 )
 from ..model.programs import SDPA_OPS, Dtype, Op, Passing, Shape
 from ..model.spec import parse_spec
-from ..results import NOT_REPEATED, CaseRecord, Outcome, Verdict, out_of_device_memory
+from ..results import NOT_REPEATED, SKIPPED_OUTCOMES, CaseRecord, Outcome, Verdict, out_of_device_memory
 from ..run import stops
-from ..run.execution import CaseRun, Target, run_case
+from ..run.execution import CaseRun, Target, declined, run_case
 
 MAX_SITES = 8  # sites per program
 MAX_DEPTH = 3  # regions inside regions
@@ -61,11 +72,11 @@ SHAPE_WEIGHTS = {
 }
 
 
-def _site_choices(device: Device, shape: Shape) -> list[tuple[Op, list[Dtype]]]:
-    """The ops that can run on `device` at `shape`, each with its dtypes (`Op` order: the first,
-    native_dropout, is what sites shrink to)."""
+def _site_choices(device: Device, shape: Shape, limits: Sequence[Limit] = ()) -> list[tuple[Op, list[Dtype]]]:
+    """The ops that can run on `device` at `shape` and that `limits` leave, each with its dtypes
+    (`Op` order: the first, native_dropout, is what sites shrink to)."""
     out = []
-    for op in Op:
+    for op in allowed(limits, Axis.OP, Op):
         dtypes = [d for d in Dtype if ops.invalid_reason(op, d, shape, device.value) is None]
         if dtypes:
             out.append((op, dtypes))
@@ -73,11 +84,15 @@ def _site_choices(device: Device, shape: Shape) -> list[tuple[Op, list[Dtype]]]:
 
 
 @st.composite
-def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, layout: Layout) -> str:
-    """The body of a spec: items joined by '+', at least one of them a region."""
-    choices = _site_choices(device, shape)
+def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, layout: Layout,
+          limits: Sequence[Limit] = ()) -> str:
+    """The body of a spec: items joined by '+', at least one of them a region; only the ops and
+    passings `limits` leave, and regions inside regions only where they leave nesting."""
+    choices = _site_choices(device, shape, limits)
     streams = [None, *LAYOUT_STREAMS[layout]]  # None (the layout decides) first
-    passings = [p for p in Passing if not (p is Passing.CLOSURE and mode is Mode.REENTRANT)]
+    passings = allowed(limits, Axis.PASSING,
+                       [p for p in Passing if not (p is Passing.CLOSURE and mode is Mode.REENTRANT)])
+    nests = bool(allowed(limits, Axis.NESTING, [True]))
     left = [MAX_SITES]
 
     def site() -> tuple[str, Op]:
@@ -95,7 +110,7 @@ def _tree(draw: Any, device: Device, shape: Shape, dtype: Dtype, mode: Mode, lay
         for position in range(draw(st.integers(1, MAX_ITEMS))):
             if position and left[0] <= 0:
                 break
-            if depth < MAX_DEPTH and left[0] > 1 and draw(st.booleans()):
+            if nests and depth < MAX_DEPTH and left[0] > 1 and draw(st.booleans()):
                 text, found = region(depth + 1)
                 inner_ops += found
             else:
@@ -133,15 +148,36 @@ FUZZ_HEALTH_CHECKS = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthC
                       HealthCheck.large_base_example]
 
 
-@st.composite
-def case_strategy(draw: Any, device: Device, captures: Sequence[Capture] | None = None) -> Case:
-    """A valid case on `device` with a random spec program (the module docstring says what varies);
-    `captures` limits the capture modes (default: every one the device has)."""
-    mode = draw(st.sampled_from(list(Mode)))
-    layout = draw(st.sampled_from(list(Layout)))
+def _captures(device: Device, captures: Sequence[Capture] | None) -> list[Capture]:
+    """`captures`, or every capture mode `device` has."""
     if captures is None:
-        captures = list(Capture) if device is Device.CUDA else [Capture.EAGER]
-    capture = draw(st.sampled_from(list(captures)))
+        return list(Capture) if device is Device.CUDA else [Capture.EAGER]
+    return list(captures)
+
+
+def undrawable(limits: Sequence[Limit], device: Device, captures: Sequence[Capture] | None = None) -> str | None:
+    """Why `case_strategy` can draw no case under `limits` on `device` (every value of an axis
+    excluded: the reasons of the limits that exclude them), or None."""
+    drawn = {Axis.DEVICE: [device], Axis.MODE: list(Mode), Axis.LAYOUT: list(Layout),
+             Axis.CAPTURE: _captures(device, captures), Axis.OP: [op for op, _ in _site_choices(device, Shape.SMALL)]}
+    for axis, values in drawn.items():
+        if not allowed(limits, axis, values):
+            return "; ".join(dict.fromkeys(one.reason for one in limits if one.axis is axis))
+    return None
+
+
+@st.composite
+def case_strategy(draw: Any, device: Device, captures: Sequence[Capture] | None = None,
+                  limits: Sequence[Limit] = (), declines: Callable[[Case], str | None] | None = None) -> Case:
+    """A valid case on `device` with a random spec program (the module docstring says what varies);
+    `captures` limits the capture modes (default: every one the device has).  Only values that
+    `limits` (an impl's `declared_limits`) leave are drawn, and a case `declines` gives a reason
+    for (an impl's limits that are no single axis's values: `execution.declined`) is rejected
+    (``assume``); none of this runs torch.  Without limits the draws are as they always were: a
+    seed draws the same programs."""
+    mode = draw(st.sampled_from(allowed(limits, Axis.MODE, Mode)))
+    layout = draw(st.sampled_from(allowed(limits, Axis.LAYOUT, Layout)))
+    capture = draw(st.sampled_from(allowed(limits, Axis.CAPTURE, _captures(device, captures))))
     interleave = draw(st.sampled_from(list(Interleave)))
     dtype = draw(st.sampled_from(list(Dtype)))
     shape = SHAPE_WEIGHTS[device]
@@ -149,10 +185,13 @@ def case_strategy(draw: Any, device: Device, captures: Sequence[Capture] | None 
     iterations = draw(st.integers(2, 4))
     header = ".".join(part for part, default in ((dtype.value, "f32"), (shape.value, "small"),
                                                   (f"x{iterations}", "x2")) if part != default)
-    body = draw(_tree(device, shape, dtype, mode, layout))
+    body = draw(_tree(device, shape, dtype, mode, layout, limits))
     program = parse_spec(f"{header}:{body}" if header else body)
     case = Case(mode, layout, capture, program, interleave, device)
     assume(invalid_reason(case) is None)  # e.g. the mixed layout with one site: not both streams
+    # what the draws above cannot rule out alone (the sdpa_kernel fallback to positional passing)
+    assume(declared(limits, case) is None)
+    assume(declines is None or declines(case) is None)
     return case
 
 
@@ -198,6 +237,27 @@ class FuzzResult:
     known: dict[str, int] = field(default_factory=dict)  # known failures (xfail) by the entry that explains them
     stale: list[str] = field(default_factory=list)  # 'case id (entry)' of cases an entry claims that passed
     stopped: BaseException | None = None  # the Ctrl-C or SIGTERM that ended the run early
+    # of `tried`, those judged: run, neither unsupported nor skipped, and no failure discounted
+    # (noisy, out of memory)
+    judged: int = 0
+    # programs drawn that the impl declines (`execution.declined`), never run: by its reason
+    declined: dict[str, int] = field(default_factory=dict)
+    limits: tuple[Limit, ...] = ()  # the impl's declared limits the draws kept to
+
+    @classmethod
+    def of_records(cls, records: Sequence[CaseRecord], stopped: BaseException | None = None) -> "FuzzResult":
+        """What a stopped run leaves where its result was lost (stopped outside a program): its
+        records, one per case, as programs run and judged (neither unsupported nor skipped, not
+        noise, not the device out of memory), with the stop."""
+        judged = sum(1 for r in records if r.outcome.value not in SKIPPED_OUTCOMES and r.verdict_note != NOT_REPEATED
+                     and not out_of_device_memory(r.error or ""))
+        return cls(tried=len(records), judged=judged, stopped=stopped)
+
+    @property
+    def judged_percent(self) -> int:
+        """The share of the programs run that were judged, in percent, rounded down (100 only when
+        every one was; 0 when none ran)."""
+        return 100 * self.judged // self.tried if self.tried else 0
 
     def known_kinds(self) -> str:
         """'torch-ignores-tracker x40, torch-reentrant-container x12': the known failures by entry,
@@ -297,6 +357,38 @@ def _found_in(error: BaseException) -> Found | None:
     return None
 
 
+def _tally(result: "FuzzResult", done: CaseRun, shrinking: bool) -> str:
+    """Count one program run into `result` (tried; generated or a shrinking step; by verdict;
+    known failures by entry; stale claims); its verdict."""
+    verdict = Verdict(done.record.verdict).value
+    result.tried += 1
+    if shrinking:
+        result.shrink_steps += 1
+    else:
+        result.generated += 1
+    result.verdicts[verdict] = result.verdicts.get(verdict, 0) + 1
+    if verdict == "xfail":
+        label = done.record.expected_entry or "?"
+        result.known[label] = result.known.get(label, 0) + 1
+    elif verdict == "stale":  # an entry claims more than the bug: worth narrowing
+        result.stale.append(f"{done.result.case.id} ({done.record.expected_entry or '?'})")
+    return verdict
+
+
+def _discounted(result: "FuzzResult", done: CaseRun, again: Callable[[], CaseRun]) -> bool:
+    """Whether a failure says nothing about the checkpoint, counted apart in `result`: the device
+    ran out of memory, or a second run (`again`) did not repeat it bit for bit (`_repeats`; its
+    record's note says so)."""
+    if out_of_device_memory(done.record.error or ""):
+        result.out_of_memory += 1
+        return True
+    if not _repeats(done, again):
+        result.noisy += 1
+        done.record.verdict_note = NOT_REPEATED
+        return True
+    return False
+
+
 def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: int | None = None,
          budget: float | None = None, seed_value: int = 0, new_only: bool = False,
          keep_going: bool = False, captures: Sequence[Capture] | None = None,
@@ -306,6 +398,8 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
          halt: threading.Event | None = None, seen: set[tuple[str, ...]] | None = None) -> FuzzResult:
     """Run random cases of `target` on `device` until `examples` cases were generated or `budget`
     seconds passed (one of them), and shrink the first failure to the smallest failing case.
+    Only cases the impl can run are drawn (module docstring); an impl whose declared limits leave
+    nothing to draw on `device`, or that declines every program drawn, is a `UsageError`.
 
     With `keep_going` the run goes on after a failure until the examples or the budget are spent,
     and shrinks each failure with a new `signature` (a failure like one found counts as a
@@ -328,8 +422,19 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
     if (examples is None) == (budget is None):
         raise ValueError("fuzz() takes examples or budget, not both or neither")
     failing = FAILING if new_only else (*FAILING, "xfail")
-    result = FuzzResult()
+    limits = impl_limits.of(target.adapter)
+    nothing = undrawable(limits, device, captures)
+    if nothing:
+        raise UsageError(f"{target.name} declares no {device.value} program it can run here: {nothing}")
+    result = FuzzResult(limits=limits)
     start = time.perf_counter()
+
+    def declines(case: Case) -> str | None:
+        reason = declined(target.adapter, case, target.name)
+        if reason:
+            result.declined[reason] = result.declined.get(reason, 0) + 1
+        return reason
+
     state: dict[str, Any] = {"failed": False, "seen": set() if seen is None else seen, "since": 0.0}
 
     def over_budget() -> bool:
@@ -341,28 +446,13 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
         stops.raise_if_stopped()  # Hypothesis or the case may have caught the KeyboardInterrupt
         done = run_case(target, case, entries, worker=worker)
         stops.raise_if_stopped()  # its result may be the interruption's doing (a killed worker)
-        verdict = Verdict(done.record.verdict).value
-        result.tried += 1
-        if state["failed"]:
-            result.shrink_steps += 1
-        else:
-            result.generated += 1
-        result.verdicts[verdict] = result.verdicts.get(verdict, 0) + 1
-        if verdict == "xfail":
-            label = done.record.expected_entry or "?"
-            result.known[label] = result.known.get(label, 0) + 1
-        elif verdict == "stale":  # an entry claims more than the bug: worth narrowing
-            result.stale.append(f"{case.id} ({done.record.expected_entry or '?'})")
+        verdict = _tally(result, done, shrinking=state["failed"])
         # the machine's doing, or run-to-run noise of a nondeterministic backward: no checkpoint's
         # (judged before the record is kept, which says so for the audit)
-        not_judged = False
-        if verdict in failing and out_of_device_memory(done.record.error or ""):
-            result.out_of_memory += 1
-            not_judged = True
-        elif verdict in failing and not _repeats(done, lambda: run_case(target, case, entries, worker=worker)):
-            result.noisy += 1
-            done.record.verdict_note = NOT_REPEATED
-            not_judged = True
+        not_judged = verdict in failing and _discounted(result, done, lambda: run_case(target, case, entries,
+                                                                                       worker=worker))
+        if not not_judged and done.record.outcome.value not in SKIPPED_OUTCOMES:
+            result.judged += 1
         if on_record is not None:  # after the counts: a record whose write fails (a full disk) is counted too
             on_record(done.record)
         if progress is not None:
@@ -386,10 +476,14 @@ def fuzz(target: Target, device: Device, entries: Sequence[Any], *, examples: in
             suppress_health_check=FUZZ_HEALTH_CHECKS, verbosity=Verbosity.quiet, print_blob=False,
             phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
         )
-        test = seed(seed_value + batch)(options(given(case_strategy(device, captures))(check)))
+        test = seed(seed_value + batch)(options(given(case_strategy(device, captures, limits, declines))(check)))
         try:
             test()
             stops.raise_if_stopped()
+        except Unsatisfiable:  # not one program drawn in this batch was one the impl can run
+            most = max(result.declined, key=result.declined.__getitem__, default="no program was valid")
+            raise UsageError(f"{target.name} declined every {device.value} program drawn (most often: {most})"
+                             ) from None
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what was found
             result.stopped = stops.stopped() or stop
             if state["failed"]:
@@ -427,6 +521,10 @@ def merged(results: Sequence[FuzzResult], seconds: float) -> FuzzResult:
     kinds: set[tuple[str, ...]] = set()
     for result in results:
         total.tried += result.tried
+        total.judged += result.judged
+        for reason, n in result.declined.items():
+            total.declined[reason] = total.declined.get(reason, 0) + n
+        total.limits = total.limits or result.limits
         total.generated += result.generated
         total.shrink_steps += result.shrink_steps
         total.repeats += result.repeats

@@ -25,7 +25,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..model.cases import Capture, Mode
 from .base import Adapter
+from .limits import Axis, Limit, declared, limit
 from .torch_checkpoint import _Region
 
 
@@ -79,16 +81,19 @@ class AccelerateFSDP2Adapter(Adapter):
             return "this accelerate has no accelerate.utils.fsdp_utils.fsdp2_apply_ac (FSDP2 activation checkpointing)"
         return None
 
-    def supports(self, case: Any) -> str | None:
-        reason = self.unavailable()
-        if reason is None and case.mode.value == "reentrant":
-            reason = ("fsdp2_apply_ac uses checkpoint_wrapper's default, torch's non-reentrant checkpoint: "
-                      "no reentrant path")
-        if reason is None and self.offload and case.capture.value != "eager":
+    def declared_limits(self) -> tuple[Limit, ...]:
+        """No reentrant form; with offloading, no CUDA-graph capture."""
+        limits = [limit(Axis.MODE, [Mode.REENTRANT], "fsdp2_apply_ac uses checkpoint_wrapper's default, torch's "
+                        "non-reentrant checkpoint: no reentrant path")]
+        if self.offload:
             # seen on the H200 (torch 2.11): cudaErrorStreamCaptureInvalidated in every capture case
-            reason = ("offload_wrapper (save_on_cpu) copies saved activations to pinned host memory, "
-                      "which a CUDA graph capture cannot record")
-        return reason
+            limits.append(limit(Axis.CAPTURE, [Capture.SEPARATE, Capture.SINGLE],
+                                "offload_wrapper (save_on_cpu) copies saved activations to pinned host memory, "
+                                "which a CUDA graph capture cannot record"))
+        return tuple(limits)
+
+    def supports(self, case: Any) -> str | None:
+        return self.unavailable() or declared(self.declared_limits(), case)
 
     def plugin(self) -> Any:
         """accelerate's FSDP2 plugin as a user configures activation checkpointing with it (built once)."""

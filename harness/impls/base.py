@@ -7,14 +7,15 @@ from typing import Any, Callable
 
 from ..checkpoint import RNGStatesTracker
 from ..model.cases import Case
+from .limits import Limit
 
 
 class Adapter:
     """A checkpoint function plus its tracker, as the runner sees them.
 
     Subclasses set `name` and override `checkpoint`; everything else has a default here:
-    `description`, `version`, `must_support_all`, `compiled`, `make_tracker`, `supports`, `limit`
-    and `unavailable`.  The runner reads them with ``getattr`` and these defaults, so an adapter
+    `description`, `version`, `must_support_all`, `compiled`, `make_tracker`, `supports`, `limit`,
+    `declared_limits` and `unavailable`.  The runner reads them with ``getattr`` and these defaults, so an adapter
     written without this base class (a plain object with `name` and `checkpoint`) runs too.
     Adapters never know about pytest.
     """
@@ -46,6 +47,12 @@ class Adapter:
     def supports(self, case: Case) -> str | None:
         """None when the impl can run `case`, else the reason it cannot."""
         return None
+
+    def declared_limits(self) -> "tuple[Limit, ...]":
+        """The limits of this impl that are values of one axis each, as data (`harness.impls.limits`):
+        the fuzzer draws only what they leave.  An adapter that declares some answers `supports`
+        from them too (`limits.declared`), so the two cannot disagree.  None here."""
+        return ()
 
     def limit(self, case: Case) -> str | None:
         """For an impl that must support every case (`must_support_all`): the reason it declares

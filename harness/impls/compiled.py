@@ -69,6 +69,7 @@ import torch.utils.checkpoint
 from ..model.cases import Capture, Case, Layout, Mode
 from ..model.programs import SDPA_OPS
 from .base import Adapter
+from .limits import Axis, Limit, declared, limit
 
 BUDGET = 0.5  # any value below 1.0 lets the partitioner trade memory for recompute
 
@@ -88,19 +89,21 @@ class CompiledCheckpointAdapter(Adapter):
         """None where this torch has ``torch.compile``, else why not."""
         return None if hasattr(torch, "compile") else "this torch has no torch.compile"
 
+    def declared_limits(self) -> tuple[Limit, ...]:
+        """Only the default and untracked layouts, only eagerly, no attention sites."""
+        return (
+            limit(Axis.LAYOUT, set(Layout) - {Layout.DEFAULT, Layout.UNTRACKED},
+                  "a tracker fork swaps generator states in Python, which one compiled graph (fullgraph=True) "
+                  "cannot trace"),
+            limit(Axis.CAPTURE, set(Capture) - {Capture.EAGER},
+                  "CUDA-graph capture of compiled code (mode='reduce-overhead') is not modelled"),
+            limit(Axis.OP, SDPA_OPS, "attention sites are not run compiled (a CUDA attention backward is not "
+                  "bit-reproducible)"),
+        )
+
     def supports(self, case: Case) -> str | None:
         """None for eager cases of the default and untracked layouts without attention sites."""
-        reason = self.unavailable()
-        if reason:
-            return reason
-        if case.layout not in (Layout.DEFAULT, Layout.UNTRACKED):
-            return ("a tracker fork swaps generator states in Python, which one compiled graph "
-                    "(fullgraph=True) cannot trace")
-        if case.capture is not Capture.EAGER:
-            return "CUDA-graph capture of compiled code (mode='reduce-overhead') is not modelled"
-        if case.program.ops() & frozenset(SDPA_OPS):
-            return "attention sites are not run compiled (a CUDA attention backward is not bit-reproducible)"
-        return None
+        return self.unavailable() or declared(self.declared_limits(), case)
 
     def compiling(self, recompute: bool) -> contextlib.AbstractContextManager:
         """The compiler configuration of one run (the reference: ``recompute`` False)."""
@@ -136,12 +139,11 @@ class BudgetAdapter(CompiledCheckpointAdapter):
             reason = "this torch has no torch._functorch.config.activation_memory_budget"
         return reason
 
-    def supports(self, case: Case) -> str | None:
-        reason = super().supports(case)
-        if reason is None and case.mode is Mode.REENTRANT:
-            reason = ("no checkpoint call (the compiler decides what to recompute): the mode axis does not "
-                      "apply, the nonreentrant cells stand for it")
-        return reason
+    def declared_limits(self) -> tuple[Limit, ...]:
+        """As the compiled checkpoint's, and no reentrant mode: there is no checkpoint call."""
+        return (*super().declared_limits(),
+                limit(Axis.MODE, [Mode.REENTRANT], "no checkpoint call (the compiler decides what to recompute): "
+                      "the mode axis does not apply, the nonreentrant cells stand for it"))
 
     def compiling(self, recompute: bool) -> contextlib.AbstractContextManager:
         return self._config().patch(activation_memory_budget=self.budget if recompute else 1.0)

@@ -27,7 +27,8 @@ from torch.utils._pytree import tree_leaves
 
 from ..checkpoint import RecomputeRNGHook
 from ..checkpoint.rng import philox_available
-from ..model.cases import Case
+from ..model.cases import Capture, Case, Mode
+from .limits import Axis, Limit, declared, limit
 from .packages import LazyModule, PackageAdapter
 
 REMAT = LazyModule("torch_remat")
@@ -86,16 +87,16 @@ class RematAdapter(PackageAdapter):
         """The ``recompute_state_hooks`` of one checkpoint call."""
         return ()
 
-    def supports(self, case: Case) -> str | None:
+    def declared_limits(self) -> tuple[Limit, ...]:
         """torch_remat's own limits: no reentrant form, no nested checkpoints."""
-        reason = self.unavailable()
-        if reason:
-            return reason
-        if case.mode.value == "reentrant":
-            return "torch_remat.checkpoint is non-reentrant only (torch's checkpoint with use_reentrant=False)"
-        if any(isinstance(item, type(region)) for region in case.program.all_regions() for item in region.items):
-            return "nested torch_remat.checkpoint regions are not supported (torch_remat raises NotImplementedError)"
-        return None
+        return (limit(Axis.MODE, [Mode.REENTRANT], "torch_remat.checkpoint is non-reentrant only "
+                      "(torch's checkpoint with use_reentrant=False)"),
+                limit(Axis.NESTING, [True], "nested torch_remat.checkpoint regions are not supported "
+                      "(torch_remat raises NotImplementedError)"))
+
+    def supports(self, case: Case) -> str | None:
+        """None where torch_remat imports and `case` is inside its declared limits, else why not."""
+        return self.unavailable() or declared(self.declared_limits(), case)
 
     def save_region(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         """``remat.region(fn, name, recompute=False)``: kept, not rerun in the recompute; its output
@@ -137,19 +138,22 @@ class HookAdapter(RematAdapter):
     def hooks(self, args: tuple, kwargs: dict, tracker: Any) -> tuple:
         return (RecomputeRNGHook(tracker),)
 
+    def declared_limits(self) -> tuple[Limit, ...]:
+        """torch_remat's limits, and separate graphs where host values cannot line the recompute up
+        (no ``Generator.philox_state`` before torch 2.14)."""
+        own = super().declared_limits()
+        if philox_available():
+            return own
+        return (*own, limit(Axis.CAPTURE, [Capture.SEPARATE],
+                            "separate CUDA graphs need Generator.philox_state (torch >= 2.14) for a hook's rewind: "
+                            "host values are relative to the capturing graph, and a hook cannot stash outputs"))
+
     def supports(self, case: Case) -> str | None:
-        return self.limit(case)  # torch_remat's own limits first, then the hook's
+        return self.limit(case)
 
     def limit(self, case: Case) -> str | None:
-        """What it declares: torch_remat's limits, and separate graphs where host values cannot
-        line the recompute up (no ``Generator.philox_state`` before torch 2.14)."""
-        reason = super().supports(case)
-        if reason:
-            return reason
-        if case.capture.value == "separate" and not philox_available():
-            return ("separate CUDA graphs need Generator.philox_state (torch >= 2.14) for a hook's rewind: "
-                    "host values are relative to the capturing graph, and a hook cannot stash outputs")
-        return None
+        """What it declares (`declared_limits`), where torch_remat imports."""
+        return super().supports(case)
 
 
 def make_remat() -> RematAdapter:

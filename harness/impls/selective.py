@@ -38,6 +38,7 @@ import torch.utils.checkpoint
 from ..checkpoint.stash import is_seeded
 from ..model.cases import Case, Mode
 from .base import Adapter
+from .limits import Axis, Limit, declared, limit
 from .torch_checkpoint import TorchAdapter
 
 
@@ -134,12 +135,14 @@ class SelectiveAdapter(TorchAdapter):
         """None where this torch has selective activation checkpointing, else why not."""
         return None if _sac() else "this torch has no torch.utils.checkpoint.create_selective_checkpoint_contexts"
 
+    def declared_limits(self) -> tuple[Limit, ...]:
+        """No reentrant form."""
+        return (limit(Axis.MODE, [Mode.REENTRANT], "selective checkpointing (context_fn) is for "
+                      "use_reentrant=False only (torch raises ValueError)"),)
+
     def supports(self, case: Case) -> str | None:
         """None for non-reentrant cases (where SAC exists)."""
-        reason = self.unavailable()
-        if reason is None and case.mode is Mode.REENTRANT:
-            reason = "selective checkpointing (context_fn) is for use_reentrant=False only (torch raises ValueError)"
-        return reason
+        return self.unavailable() or declared(self.declared_limits(), case)
 
     def options(self) -> dict[str, Any]:
         create, _ = _sac()  # type: ignore[misc]

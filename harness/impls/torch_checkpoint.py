@@ -28,7 +28,9 @@ from typing import Any, Callable
 import torch
 import torch.utils.checkpoint
 
+from ..model.cases import Mode
 from .base import Adapter
+from .limits import Axis, Limit, declared, limit
 
 
 class TorchAdapter(Adapter):
@@ -173,11 +175,13 @@ class ComposableAdapter(TorchAdapter):
     def unavailable(self) -> str | None:
         return None if _composable() else "this torch has no torch.distributed._composable.checkpoint"
 
+    def declared_limits(self) -> tuple[Limit, ...]:
+        """No reentrant form."""
+        return (limit(Axis.MODE, [Mode.REENTRANT],
+                      "composable checkpoint is non-reentrant only (torch raises for use_reentrant=True)"),)
+
     def supports(self, case: Any) -> str | None:
-        reason = self.unavailable()
-        if reason is None and case.mode.value == "reentrant":
-            reason = "composable checkpoint is non-reentrant only (torch raises for use_reentrant=True)"
-        return reason
+        return self.unavailable() or declared(self.declared_limits(), case)
 
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         module = _Region(fn)

@@ -32,7 +32,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..model.cases import Mode
 from .base import Adapter
+from .limits import Axis, Limit, declared, limit
 from .torch_checkpoint import _Region
 
 TORCHTUNE_SOURCE = "0.6.1"  # the torchtune whose source the configuration follows
@@ -64,10 +66,13 @@ class TorchtuneAdapter(Adapter):
             return getattr(torchtune, "__version__", None)
         return f"config:torchtune-{TORCHTUNE_SOURCE}"
 
+    def declared_limits(self) -> tuple[Limit, ...]:
+        """No reentrant form."""
+        return (limit(Axis.MODE, [Mode.REENTRANT],
+                      "torchtune's full activation checkpointing is non-reentrant (CheckpointImpl.NO_REENTRANT)"),)
+
     def supports(self, case: Any) -> str | None:
-        if case.mode.value == "reentrant":
-            return "torchtune's full activation checkpointing is non-reentrant (CheckpointImpl.NO_REENTRANT)"
-        return None
+        return declared(self.declared_limits(), case)
 
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         own = _torchtune_wrapper()
@@ -116,11 +121,13 @@ class TorchtuneRecipesAdapter(TorchtuneAdapter):
                    "apply_activation_checkpointing with checkpoint_wrapper's defaults (torchtune's own function where "
                    "torchtune imports, else torch's that it calls)")
 
+    def declared_limits(self) -> tuple[Limit, ...]:
+        """No reentrant form."""
+        return (limit(Axis.MODE, [Mode.REENTRANT], "torchtune's recipes checkpoint non-reentrant "
+                      "(checkpoint_wrapper's default, CheckpointImpl.NO_REENTRANT)"),)
+
     def supports(self, case: Any) -> str | None:
-        if case.mode.value == "reentrant":
-            return ("torchtune's recipes checkpoint non-reentrant (checkpoint_wrapper's default, "
-                    "CheckpointImpl.NO_REENTRANT)")
-        return None
+        return declared(self.declared_limits(), case)
 
     def checkpoint(self, fn: Callable[..., Any], *args: Any, reentrant: bool, tracker: Any, **kwargs: Any) -> Any:
         model = _Layer(fn)

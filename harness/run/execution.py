@@ -25,7 +25,7 @@ from ..results import SKIPPED_OUTCOMES, CaseRecord, Outcome, Verdict
 from ..verdict import expectations as expectations_mod
 from ..verdict.models import RANKS_LAYOUT, Machine
 from .ranks import run_ranked
-from .runner import OUTSIDE_IMPL, CaseResult, run
+from .runner import OUTSIDE_IMPL, AdapterFault, CaseResult, declared_unsupported, run
 from .stops import INTERRUPTED
 
 # Set (to anything but 0) by a GPU CI job: no CUDA device visible is then bad input (exit 2), never
@@ -34,7 +34,7 @@ REQUIRE_CUDA_ENV = "HARNESS_REQUIRE_CUDA"
 
 __all__ = [
     "INTERRUPTED", "REQUIRE_CUDA_ENV",
-    "CaseRun", "Target", "UsageError", "adapter_version", "check_selection", "cuda_visible", "load_targets",
+    "CaseRun", "Target", "UsageError", "adapter_version", "check_selection", "cuda_visible", "declined", "load_targets",
     "must_support", "proved_nothing", "resolve_devices", "run_case",
 ]
 
@@ -161,6 +161,22 @@ def must_support(adapter: Any, case: Case) -> bool:
         return not (callable(limit) and limit(case))
     except Exception:  # a broken limit() declares nothing
         return True
+
+
+def declined(adapter: Any, case: Case, name: str | None = None) -> str | None:
+    """Why `adapter` declares `case` one it cannot run (its `supports` answer), asked without
+    running anything (`supports` reads the case, never a tensor), or None.  None too where that
+    answer would be a failure rather than a declaration (an impl that must support every case and
+    has not declared the case a known `limit`), and where `supports` raises or answers with
+    anything but a string: run, such a case reports what the impl did.  The fuzzer draws no
+    program this declines (`harness.fronts.fuzz`)."""
+    try:
+        reason = declared_unsupported(adapter, name or getattr(adapter, "name", "?"), case)
+    except AdapterFault:
+        return None
+    if reason is None or must_support(adapter, case):
+        return None
+    return reason
 
 
 def judged_record(result: CaseResult, target: Target, entries: Sequence[expectations_mod.Expectation]
