@@ -70,8 +70,10 @@ class TransformerEngineAdapter(PackageAdapter):
                     f"no {case.device.value} path")
         if case.layout is Layout.SHARED:
             return no_aliases_reason("TransformerEngine's CudaRNGStatesTracker")
+        if case.capture.value == "eager" or "cudnn" not in attention_backends(case):
+            return None  # (the process's maps are read only for the cells they can decide)
         copies = loaded_cudnn_copies()
-        if len(copies) > 1 and case.capture.value != "eager" and "cudnn" in attention_backends(case):
+        if len(copies) > 1:
             return (f"this process holds {len(copies)} cuDNN libraries ({', '.join(copies)}): TransformerEngine "
                     "loads the system's (RTLD_GLOBAL, before any Python package's) beside the one torch "
                     "uses, and cuDNN attention under CUDA-graph capture is then not sound (illegal memory "
