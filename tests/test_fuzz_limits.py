@@ -95,11 +95,30 @@ def test_an_impls_supports_answers_its_declared_limits_over_the_full_matrix(name
     assert excluded > 0  # each declared limit matters somewhere in the matrix
 
 
+@functools.cache
+def runs_nothing_on(name: str, device: Device) -> bool:
+    """True where `name` declines every case of the default matrix on `device` (Megatron and
+    DeepSpeed on the CPU, the impls that need a process group without one): there is nothing to
+    draw, and the fuzzer must say so in one line instead."""
+    adapter = impls.load(name)
+    return all(declined(adapter, case) for case in generate("default", device=device.value))
+
+
+def _refused_in_one_line(name: str, device: Device) -> None:
+    with pytest.raises(UsageError, match=rf"^{re.escape(name)} (declares no|declined every) {device.value} program"):
+        fuzz.fuzz(Target(name, impls.load(name)), device, ENTRIES, examples=5, seed_value=SEED, database=None)
+
+
 @pytest.mark.parametrize("device", [Device.CPU, Device.CUDA])
 @pytest.mark.parametrize("name", AVAILABLE)
 def test_the_strategy_draws_no_program_the_impl_declines(name, device):
     """Drawing needs no GPU: on both devices, nothing the fuzzer draws for an impl is a case the
-    impl's `supports` declines (where declining it is not a failure)."""
+    impl's `supports` declines (where declining it is not a failure).  An impl that runs nothing
+    on the device is refused in one line (found on the GPU machine, where Megatron and DeepSpeed
+    are installed: drawing for them on the CPU was unsatisfiable)."""
+    if runs_nothing_on(name, device):
+        _refused_in_one_line(name, device)
+        return
     adapter = impls.load(name)
     cases = drawn(adapter, device)
     assert len(cases) == 40
@@ -128,6 +147,9 @@ def _fuzz(target: Target, examples: int, **options):
 def test_every_impl_judges_at_least_80_percent_of_the_programs_it_runs(name):
     """A fixed seed, a few programs, going on after failures, known ones not shrunk: the share
     is counted from what the programs' records say, not from the clock."""
+    if runs_nothing_on(name, Device.CPU):  # nothing to judge: refused in one line, not a share of 0
+        _refused_in_one_line(name, Device.CPU)
+        return
     [target] = [Target(name, impls.load(name))]
     found, records = _fuzz(target, 3 if name in COMPILED else 8, new_only=True, keep_going=True)
     judged = [r for r in records if r.outcome.value not in SKIPPED_OUTCOMES and r.verdict_note != NOT_REPEATED]

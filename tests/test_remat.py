@@ -55,7 +55,11 @@ def test_the_hook_restores_tracker_streams_in_place_and_says_what_a_snapshot_cos
     assert torch.equal(stream.get_state(), before) and tracker.generators()[0] is stream
     # the CPU's and the stream's MT19937, and where CUDA is there each device's default Philox
     # generator (a seed and an offset, 8 bytes each)
-    cuda = 16 * torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # (included once CUDA is initialised: initialise it here, so the term never depends on which
+    # tests ran earlier in this worker, as it did on the GPU machine)
+    if torch.cuda.is_available():
+        torch.cuda.init()
+    cuda = 16 * torch.cuda.device_count() if torch.cuda.is_initialized() else 0
     assert hook.snapshot_bytes() == 2 * torch.get_rng_state().numel() + cuda
     with pytest.raises(ValueError, match="a hook cannot stash"):
         RecomputeRNGHook(capture_strategy="stash")

@@ -51,3 +51,19 @@ def test_the_recipes_checkpoint_as_torch_does_and_only_ac_mode_drops_the_rng_sta
     if recipes != "unsupported":  # the recipes' path is torch's checkpoint_wrapper, case for case
         assert wrapper.outcome.value == recipes
     assert impls.load("torchtune-recipes").version.startswith(("config:torchtune-", "0."))
+
+
+@pytest.mark.parametrize("torch_version", ["2.11.0", "2.14.1"])
+def test_the_host_rewind_entry_claims_the_recipes_by_the_torch_version_not_their_own(torch_version):
+    # torchtune-recipes' version is torchtune's ("config:torchtune-0.6.1" without it), not torch's:
+    # an entry that ranged over `versions` never matched it, and the H100 (torch 2.11) judged its
+    # seven separate-graph cells unexpected failures.  The bug is torch's, so the range is `torch`.
+    from machines import h200_torch_2_11
+
+    case = parse_case_id("nonreentrant-default-separate-flat-draws-cuda")
+    entries = expectations.load()
+    for impl, version in (("torch-checkpoint-wrapper", torch_version), ("torchtune-recipes", "config:torchtune-0.6.1"),
+                          ("torchtune-recipes", "0.6.1")):
+        entry = expectations.find(entries, impl, case, version=version, torch_version=torch_version,
+                                  machine=h200_torch_2_11())
+        assert entry is not None and entry.name == "host-rewind-separate-graphs", (impl, version)
