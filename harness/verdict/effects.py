@@ -696,6 +696,7 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                  and not _cpu_math(device, site)]
     # regions whose attention's backward (it runs before the matmul's) meets the other dtype first
     attention_first = {id(region) for region, site in raises_in} if attention_message else set()
+    innermost = _innermost(case.program)
     for region, why, drawn, site in changed:
         # where the entry says what a recompute raises per forward backend, a backend it does not
         # name raises nothing there (unless `message` is given for the rest)
@@ -729,6 +730,9 @@ def _context_effects(case: Case, machine: Machine, model: Model, index: int, ord
                 # op raises during any recompute (a cached tensor found mutated) comes first
                 rank += len(order)
             effects.raised.append((Raised(RECOMPUTE, rank, said, why, site.index if site else -1), index))
-        else:  # (only where backward recomputes the region: `_invisible_effects` may say it does not)
-            effects.unreplayed.append((id(region), ("gradient", "recompute-mask") if drawn else ("gradient",),
+        else:  # (only where backward recomputes the site's own region: `_invisible_effects` may say it
+            # does not; a site in a region nested in the sdpa_kernel one draws its recompute mask in
+            # its own region's recompute, which a keyword region inside it never gets, reentrant)
+            rerun = innermost[site.name] if site is not None else region
+            effects.unreplayed.append((id(rerun), ("gradient", "recompute-mask") if drawn else ("gradient",),
                                        index, why))
